@@ -1,0 +1,37 @@
+# berth — see README.md. `make run` brings up the local stack; `make test` runs every test.
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+
+# Packages whose tests are cheap enough to also run under the race detector.
+RACE_PKGS ?= ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
+
+.PHONY: all build test testbin prereqs run vet clean
+
+all: build
+
+build:
+	$(GO) build -o bin/berth ./cmd/berth
+
+## testbin: build kube-apiserver and etcd into bin/k8s/<version> (no-op when present)
+testbin:
+	@hack/testbin.sh >/dev/null
+
+prereqs:
+	@hack/prereqs.sh
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
+
+## test: every test, on a real control plane and real SSH hosts
+test: prereqs testbin vet
+	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -race $(RACE_PKGS)
+
+## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C
+run: prereqs testbin build
+	bin/berth dev $(ARGS)
+
+clean:
+	rm -rf bin/berth .berth

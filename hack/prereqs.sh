@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what berth's tests and dev stack need beyond Go: OpenSSH's server (the real sshd of
+# the test hosts), sudo (hosts grant exact sudo rights), iproute2 and util-linux (network and
+# mount namespaces). As root it installs what is missing with apt; otherwise it says what is
+# missing. With CI=true anything still missing is an error, so CI never skips those tests.
+set -euo pipefail
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v sudo >/dev/null || need+=(sudo)
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
+command -v ssh-keygen >/dev/null || need+=(openssh-client)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  echo "installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  exit 0
+fi
+msg="missing ${need[*]}: install them (apt-get install ${need[*]}) or run make as root"
+if [ "${CI:-}" = true ]; then
+  echo "error: $msg" >&2
+  exit 1
+fi
+echo "warning: $msg; tests that need real SSH hosts will be skipped" >&2

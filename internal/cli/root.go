@@ -1,0 +1,28 @@
+// Package cli is berth's command line: one binary, one cobra command per real capability.
+package cli
+
+import (
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+// NewRootCommand returns the berth command with all its subcommands.
+func NewRootCommand() *cobra.Command {
+	var development bool
+	root := &cobra.Command{
+		Use:   "berth",
+		Short: "berth gives Tekton tasks hosts of the platforms their cluster lacks",
+		Long: `berth satisfies TaskRuns that ask for a platform (PLATFORM=linux/s390x) with a local
+node, a slot on a static SSH host or a cloud VM, and hands each a throwaway user and key
+through the multi-platform-ssh-<taskrun> secret.`,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+		PersistentPreRun: func(*cobra.Command, []string) {
+			ctrl.SetLogger(zap.New(zap.UseDevMode(development)))
+		},
+	}
+	root.PersistentFlags().BoolVar(&development, "log-development", false, "human-readable, verbose logs")
+	root.AddCommand(newDevCommand())
+	return root
+}

@@ -1,0 +1,185 @@
+// Package devstack brings up berth's local stack for `berth dev` (`make run`): a real
+// kube-apiserver and etcd with Tekton's CRDs, real SSH hosts in their own network namespaces,
+// and the Tekton stand-in that runs TaskRuns. Everything it starts, Down stops; what a killed
+// run leaves behind, the next Up clears.
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/testground/tektonstandin"
+)
+
+// Namespace is where berth's controller, its config and the host admin key live.
+const Namespace = "berth-system"
+
+// AdminKeySecret holds the hosts' admin key (key id_rsa), as an operator would create it.
+const AdminKeySecret = "host-admin-key"
+
+// Options shape the stack.
+type Options struct {
+	// StateDir receives the kubeconfig, the hosts' admin key and known_hosts.
+	StateDir string
+	// Hosts is how many SSH hosts to start; 0 starts none.
+	Hosts int
+}
+
+// Stack is a running local stack.
+type Stack struct {
+	ControlPlane *controlplane.ControlPlane
+	Fleet        *sshhosts.Fleet // nil without hosts
+	StandIn      *tektonstandin.StandIn
+
+	KubeConfigPath string
+	AdminKeyPath   string
+	KnownHostsPath string
+
+	stopStandIn context.CancelFunc
+	standInDone chan error
+	files       []string
+}
+
+// Up starts the stack. On error, whatever it had started is stopped again.
+func Up(ctx context.Context, opts Options) (s *Stack, err error) {
+	stateDir, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, err
+	}
+	if opts.Hosts > 0 {
+		// Checked before the control plane starts so a missing sshd costs no time.
+		if err := sshhosts.Prerequisites(); err != nil {
+			return nil, fmt.Errorf("SSH hosts: %w (or run with --hosts 0)", err)
+		}
+	}
+	s = &Stack{}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.Down())
+			s = nil
+		}
+	}()
+
+	if s.ControlPlane, err = controlplane.Start(); err != nil {
+		return s, err
+	}
+	s.KubeConfigPath = filepath.Join(stateDir, "kubeconfig")
+	if err = s.writeFile(s.KubeConfigPath, s.ControlPlane.KubeConfig); err != nil {
+		return s, err
+	}
+	if err = s.ControlPlane.EnsureNamespace(ctx, Namespace); err != nil {
+		return s, err
+	}
+
+	if opts.Hosts > 0 {
+		if s.Fleet, err = sshhosts.Start(ctx, opts.Hosts); err != nil {
+			return s, err
+		}
+		if err = s.publishHostAccess(ctx, stateDir); err != nil {
+			return s, err
+		}
+	}
+
+	s.StandIn = tektonstandin.New(tektonstandin.Options{
+		Scheme:     controlplane.Scheme(),
+		RunScripts: os.Geteuid() == 0,
+		WorkDir:    filepath.Join(stateDir, "tekton"),
+	})
+	standInCtx, cancel := context.WithCancel(context.Background())
+	s.stopStandIn, s.standInDone = cancel, make(chan error, 1)
+	go func() { s.standInDone <- s.StandIn.Start(standInCtx, s.ControlPlane.Config) }()
+	return s, nil
+}
+
+// publishHostAccess writes the admin key and known_hosts for a person at a shell, and puts the
+// admin key in the cluster the way an operator would for berth.
+func (s *Stack) publishHostAccess(ctx context.Context, stateDir string) error {
+	s.AdminKeyPath = filepath.Join(stateDir, "host-admin-key")
+	if err := s.writeFile(s.AdminKeyPath, s.Fleet.AdminKeyPEM); err != nil {
+		return err
+	}
+	var known strings.Builder
+	for _, h := range s.Fleet.Hosts {
+		fmt.Fprintf(&known, "%s %s", h.Address, ssh.MarshalAuthorizedKey(h.HostKey))
+	}
+	s.KnownHostsPath = filepath.Join(stateDir, "known_hosts")
+	if err := s.writeFile(s.KnownHostsPath, []byte(known.String())); err != nil {
+		return err
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: AdminKeySecret, Namespace: Namespace},
+		Data:       map[string][]byte{"id_rsa": s.Fleet.AdminKeyPEM},
+	}
+	if err := s.ControlPlane.Client.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating secret %s/%s: %w", Namespace, AdminKeySecret, err)
+	}
+	return nil
+}
+
+func (s *Stack) writeFile(path string, data []byte) error {
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return err
+	}
+	s.files = append(s.files, path)
+	return nil
+}
+
+// Down stops everything Up started, in reverse order, and removes the files it wrote.
+func (s *Stack) Down() error {
+	var errs []error
+	if s.stopStandIn != nil {
+		s.stopStandIn()
+		if err := <-s.standInDone; err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, fmt.Errorf("tekton stand-in: %w", err))
+		}
+	}
+	if s.Fleet != nil {
+		errs = append(errs, s.Fleet.Close())
+	}
+	if s.ControlPlane != nil {
+		errs = append(errs, s.ControlPlane.Stop())
+	}
+	for _, f := range s.files {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Describe tells a person how to reach the stack.
+func (s *Stack) Describe(w io.Writer) {
+	fmt.Fprintf(w, "berth dev stack is up.\n\n")
+	fmt.Fprintf(w, "  control plane  kube-apiserver v%s + etcd at %s, Tekton CRDs installed\n", controlplane.KubernetesVersion, s.ControlPlane.Config.Host)
+	fmt.Fprintf(w, "                 export KUBECONFIG=%s\n", s.KubeConfigPath)
+	fmt.Fprintf(w, "                 kubectl get crd\n")
+	if s.Fleet != nil {
+		fmt.Fprintf(w, "  ssh hosts      admin key in secret %s/%s and %s\n", Namespace, AdminKeySecret, s.AdminKeyPath)
+		for _, h := range s.Fleet.Hosts {
+			fmt.Fprintf(w, "                 %-14s ssh -i %s -o UserKnownHostsFile=%s root@%s\n", h.Name, s.AdminKeyPath, s.KnownHostsPath, h.Address)
+		}
+	} else {
+		fmt.Fprintf(w, "  ssh hosts      none (--hosts 0)\n")
+	}
+	scripts := "user TaskRuns' step scripts run as local processes"
+	if os.Geteuid() != 0 {
+		scripts = "step scripts are not run (needs root); end TaskRuns yourself"
+	}
+	fmt.Fprintf(w, "  tekton         stand-in resolving TaskRuns and creating their pods; %s\n", scripts)
+	fmt.Fprintf(w, "\nPress Ctrl-C to stop; everything above is torn down.\n")
+}

@@ -1,0 +1,202 @@
+// Package controlplane runs a real kube-apiserver and etcd, built by `make testbin`, with
+// Tekton's CRDs installed from the Tekton module berth is built against. Tests share one per
+// package (see RunTests); `berth dev` runs one for the local stack.
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// KubernetesVersion is the version `make testbin` builds; hack/tools/go.mod pins the same one
+// (a test keeps the two equal).
+const KubernetesVersion = "1.35.8"
+
+const (
+	modulePath = "github.com/berth-ci/berth"
+	tektonPath = "github.com/tektoncd/pipeline"
+)
+
+// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs.
+type ControlPlane struct {
+	// Config reaches the apiserver as a cluster admin.
+	Config *rest.Config
+	// Client is a direct (uncached) client with berth's scheme.
+	Client client.Client
+	// KubeConfig is a kubeconfig file's content for Config.
+	KubeConfig []byte
+
+	env    *envtest.Environment
+	ledger string
+}
+
+// Scheme holds the API types berth's code and tests talk in: core Kubernetes and Tekton v1.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := pipelinev1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Start brings up a control plane and waits until it serves the default namespace.
+func Start() (*ControlPlane, error) {
+	bins, err := BinaryDir()
+	if err != nil {
+		return nil, err
+	}
+	ReapOrphans(bins)
+	crds, err := TektonCRDDir()
+	if err != nil {
+		return nil, err
+	}
+	scheme := Scheme()
+	env := &envtest.Environment{
+		BinaryAssetsDirectory:    bins,
+		CRDDirectoryPaths:        []string{crds},
+		ErrorIfCRDPathMissing:    true,
+		Scheme:                   scheme,
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	// etcd syncs every write to disk by default, which makes a busy test slow on a VM disk
+	// and buys nothing for a control plane that lives as long as one test package.
+	env.ControlPlane.Etcd = &envtest.Etcd{}
+	env.ControlPlane.Etcd.Configure().Set("unsafe-no-fsync", "true")
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bins, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		_ = env.Stop()
+		return nil, fmt.Errorf("building a client for the test control plane: %w", err)
+	}
+	ledger, err := recordChildren(bins)
+	if err != nil {
+		_ = env.Stop()
+		return nil, fmt.Errorf("recording the control plane's processes: %w", err)
+	}
+	return &ControlPlane{Config: cfg, Client: c, KubeConfig: env.KubeConfig, env: env, ledger: ledger}, nil
+}
+
+// Stop stops kube-apiserver, then etcd, and removes their data.
+func (cp *ControlPlane) Stop() error {
+	if err := cp.env.Stop(); err != nil {
+		return err
+	}
+	if cp.ledger != "" {
+		return os.Remove(cp.ledger)
+	}
+	return nil
+}
+
+// ConfigFor returns a rest.Config that acts as the given ServiceAccount by impersonation, so a
+// test can hold a component to exactly the RBAC it ships with.
+func (cp *ControlPlane) ConfigFor(namespace, serviceAccount string) *rest.Config {
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":" + serviceAccount,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	return cfg
+}
+
+// EnsureNamespace creates a namespace if it does not exist.
+func (cp *ControlPlane) EnsureNamespace(ctx context.Context, name string) error {
+	ns := &corev1.Namespace{}
+	ns.Name = name
+	err := cp.Client.Create(ctx, ns)
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+// BinaryDir finds kube-apiserver and etcd: KUBEBUILDER_ASSETS if set, else the repository's
+// bin/k8s/<KubernetesVersion>, where `make testbin` puts them.
+func BinaryDir() (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(root, "bin", "k8s", KubernetesVersion)
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	var missing []string
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if st, err := os.Stat(filepath.Join(dir, bin)); err != nil || st.Mode()&0o111 == 0 {
+			missing = append(missing, bin)
+		}
+	}
+	if len(missing) > 0 {
+		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver and etcd v%s from the Go module proxy, ~3 minutes cold)",
+			strings.Join(missing, " and "), dir, KubernetesVersion)
+	}
+	return dir, nil
+}
+
+// TektonCRDDir is config/300-crds of the Tekton module in berth's go.mod, so the CRDs the
+// tests install are always those of the API types berth compiles against.
+func TektonCRDDir() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", tektonPath)
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("locating the Tekton module (go list -m %s): %w: %s", tektonPath, err, strings.TrimSpace(stderr.String()))
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "300-crds")
+	if _, err := os.Stat(dir); err != nil {
+		return "", fmt.Errorf("the Tekton module has no CRDs where expected: %w", err)
+	}
+	return dir, nil
+}
+
+// RepoRoot walks up from the working directory to berth's go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.HasPrefix(bytes.TrimSpace(data), []byte("module "+modulePath+"\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the berth repository: run from its checkout (the directory holding go.mod of " + modulePath + ")")
+		}
+		dir = parent
+	}
+}

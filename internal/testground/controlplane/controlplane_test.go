@@ -1,0 +1,106 @@
+package controlplane
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"knative.dev/pkg/apis"
+	duckv1 "knative.dev/pkg/apis/duck/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+var cp *ControlPlane
+
+func TestMain(m *testing.M) { os.Exit(RunTests(m, &cp)) }
+
+// The version the Go code looks for must be the one hack/tools builds, or every test package
+// would fail on a fresh machine with a confusing "missing binary".
+func TestKubernetesVersionMatchesToolsModule(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "hack", "tools", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes v(\S+)$`).FindSubmatch(data)
+	if m == nil {
+		t.Fatal("hack/tools/go.mod does not require k8s.io/kubernetes")
+	}
+	if string(m[1]) != KubernetesVersion {
+		t.Fatalf("hack/tools builds kubernetes %s but KubernetesVersion is %s", m[1], KubernetesVersion)
+	}
+}
+
+func TestTaskRunLifecycleOnRealAPIServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cp.EnsureNamespace(ctx, "lifecycle"); err != nil {
+		t.Fatal(err)
+	}
+	wc, err := client.NewWithWatch(cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(ctx, &pipelinev1.TaskRunList{}, client.InNamespace("lifecycle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	tr := &pipelinev1.TaskRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "build-s390x", Namespace: "lifecycle"},
+		Spec: pipelinev1.TaskRunSpec{
+			Params:   pipelinev1.Params{{Name: "PLATFORM", Value: *pipelinev1.NewStructuredValues("linux/s390x")}},
+			TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "build", Image: "busybox", Script: "true"}}},
+		},
+	}
+	if err := cp.Client.Create(ctx, tr); err != nil {
+		t.Fatalf("creating a v1 TaskRun: %v", err)
+	}
+
+	tr.Status.Conditions = duckv1.Conditions{{Type: apis.ConditionSucceeded, Status: corev1.ConditionUnknown, Reason: "Running"}}
+	tr.Status.PodName = "build-s390x-pod"
+	if err := cp.Client.Status().Update(ctx, tr); err != nil {
+		t.Fatalf("updating TaskRun status: %v", err)
+	}
+
+	var got pipelinev1.TaskRun
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(tr), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.PodName != "build-s390x-pod" || got.Status.GetCondition(apis.ConditionSucceeded).Reason != "Running" {
+		t.Fatalf("status did not persist through the status subresource: %+v", got.Status)
+	}
+	if got.Spec.Params[0].Value.StringVal != "linux/s390x" {
+		t.Fatalf("PLATFORM param lost: %+v", got.Spec.Params)
+	}
+
+	seen := map[watch.EventType]bool{}
+	for !(seen[watch.Added] && seen[watch.Modified]) {
+		select {
+		case ev := <-w.ResultChan():
+			seen[ev.Type] = true
+		case <-ctx.Done():
+			t.Fatalf("watch saw %v, want Added and Modified", seen)
+		}
+	}
+}
+
+func TestTektonCRDsAreServed(t *testing.T) {
+	ctx := context.Background()
+	for _, list := range []client.ObjectList{&pipelinev1.TaskList{}, &pipelinev1.TaskRunList{}, &pipelinev1.PipelineRunList{}} {
+		if err := cp.Client.List(ctx, list); err != nil {
+			t.Errorf("listing %T: %v", list, err)
+		}
+	}
+}

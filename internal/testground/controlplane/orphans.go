@@ -1,0 +1,150 @@
+package controlplane
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// A control plane is owned by the process that started it (a test binary, `berth dev`). When
+// the owner is killed outright, its kube-apiserver and etcd live on. Each owner therefore
+// records what it started in a ledger file; the next Start reaps what dead owners left.
+
+var ledgerDir = filepath.Join(os.TempDir(), "berth-controlplanes")
+
+type ledger struct {
+	Owner          int      `json:"owner"`
+	OwnerStartTime string   `json:"ownerStartTime"`
+	PIDs           []int    `json:"pids"`
+	Dirs           []string `json:"dirs"`
+}
+
+// recordChildren writes the ledger for the control plane this process just started: its child
+// processes running binaries from binDir, and the temporary directories they were given.
+func recordChildren(binDir string) (path string, err error) {
+	me := os.Getpid()
+	l := ledger{Owner: me, OwnerStartTime: startTime(me)}
+	for _, pid := range processesRunningFrom(binDir) {
+		if parentPID(pid) == me {
+			l.PIDs = append(l.PIDs, pid)
+			l.Dirs = append(l.Dirs, tempDirsOf(pid)...)
+		}
+	}
+	if len(l.PIDs) == 0 {
+		return "", nil
+	}
+	if err := os.MkdirAll(ledgerDir, 0o700); err != nil {
+		return "", err
+	}
+	data, err := json.Marshal(l)
+	if err != nil {
+		return "", err
+	}
+	path = filepath.Join(ledgerDir, fmt.Sprintf("%d-%d.json", me, l.PIDs[0]))
+	return path, os.WriteFile(path, data, 0o600)
+}
+
+// ReapOrphans kills the control-plane processes whose owners have died and removes their
+// temporary directories. It returns how many processes it killed.
+func ReapOrphans(binDir string) (reaped int) {
+	files, _ := filepath.Glob(filepath.Join(ledgerDir, "*.json"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var l ledger
+		if json.Unmarshal(data, &l) != nil {
+			_ = os.Remove(f)
+			continue
+		}
+		if startTime(l.Owner) == l.OwnerStartTime && l.OwnerStartTime != "" {
+			continue // owner alive: its control plane is in use
+		}
+		for _, pid := range l.PIDs {
+			// The pid may have been reused since; kill it only if it still runs our binary.
+			if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && filepath.Dir(exe) == binDir {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					reaped++
+				}
+			}
+		}
+		for _, d := range l.Dirs {
+			_ = os.RemoveAll(d)
+		}
+		_ = os.Remove(f)
+	}
+	return reaped
+}
+
+func processesRunningFrom(binDir string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && filepath.Dir(exe) == binDir {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// statFields returns the fields of /proc/<pid>/stat after the command name.
+func statFields(pid int) []string {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+}
+
+func parentPID(pid int) int {
+	f := statFields(pid)
+	if len(f) < 2 {
+		return -1
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// startTime tells a process from a later one that reused its pid ("" if it is gone).
+func startTime(pid int) string {
+	f := statFields(pid)
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// tempDirsOf returns the envtest temporary directories named in a process's flags.
+func tempDirsOf(pid int) []string {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, arg := range strings.Split(string(data), "\x00") {
+		_, value, ok := strings.Cut(arg, "=")
+		if !ok {
+			continue
+		}
+		for p := value; p != "/" && p != "."; p = filepath.Dir(p) {
+			if strings.HasPrefix(filepath.Base(p), "k8s_test_framework_") && filepath.Dir(p) == os.TempDir() {
+				dirs = append(dirs, p)
+				break
+			}
+		}
+	}
+	return dirs
+}

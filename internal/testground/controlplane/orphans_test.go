@@ -1,0 +1,90 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestReapOrphansKillsOnlyWhatDeadOwnersLeft(t *testing.T) {
+	ledgerDir = t.TempDir()
+	t.Cleanup(func() { ledgerDir = filepath.Join(os.TempDir(), "berth-controlplanes") })
+	binDir := t.TempDir()
+	fakeEtcd := filepath.Join(binDir, "etcd")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fakeEtcd, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func() *exec.Cmd {
+		cmd := exec.Command(fakeEtcd, "300")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	orphan, kept := start(), start()
+	dataDir, err := os.MkdirTemp("", "k8s_test_framework_")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// An owner that has exited: its pid no longer has the recorded start time.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, l ledger) {
+		b, _ := json.Marshal(l)
+		if err := os.WriteFile(filepath.Join(ledgerDir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("dead.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", PIDs: []int{orphan.Process.Pid}, Dirs: []string{dataDir}})
+	write("alive.json", ledger{Owner: os.Getpid(), OwnerStartTime: startTime(os.Getpid()), PIDs: []int{kept.Process.Pid}})
+
+	if n := ReapOrphans(binDir); n != 1 {
+		t.Fatalf("reaped %d processes, want 1", n)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- orphan.Wait() }()
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphaned process is still running")
+	}
+	if err := kept.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the process of a live owner was killed: %v", err)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Fatalf("the orphan's data directory is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ledgerDir, "alive.json")); err != nil {
+		t.Fatalf("a live owner's ledger was removed: %v", err)
+	}
+}
+
+func TestStartRecordsItsOwnControlPlane(t *testing.T) {
+	data, err := os.ReadFile(cp.ledger)
+	if err != nil {
+		t.Fatalf("the running control plane left no ledger: %v", err)
+	}
+	var l ledger
+	if err := json.Unmarshal(data, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Owner != os.Getpid() || len(l.PIDs) != 2 {
+		t.Fatalf("ledger %+v, want owner %d with kube-apiserver and etcd", l, os.Getpid())
+	}
+}

@@ -1,0 +1,205 @@
+//go:build linux
+
+// Package sshhosts starts real OpenSSH servers on this machine for tests to use as remote
+// hosts. Each host is an sshd in namespaces of its own: a network namespace with its own
+// address in 198.18.0.0/15, a mount namespace whose /etc, /home, /root, /tmp, /var/tmp,
+// /var/log, /var/mail and /run are private directories (so useradd on a host never touches
+// this machine's accounts), and a PID namespace (so pkill on a host never reaches another
+// host's processes or this machine's). root logs in with the fleet's admin key.
+//
+// It needs root, /usr/sbin/sshd (Debian's openssh-server, which `make test` installs),
+// iproute2 and util-linux; see Prerequisites.
+package sshhosts
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Fleet is a set of hosts started together; they share one admin key.
+type Fleet struct {
+	Hosts []*Host
+	// AdminSigner logs in as root on every host.
+	AdminSigner ssh.Signer
+	// AdminKeyPEM is AdminSigner's private key (ed25519) as an OpenSSH PEM file, the form ssh
+	// and a Kubernetes Secret's id_rsa entry take.
+	AdminKeyPEM []byte
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start starts n hosts and returns once each sshd answers. It first clears what killed test
+// processes left behind (hosts whose owner is gone); hosts of live processes, such as other
+// test packages running alongside, are left alone.
+func Start(ctx context.Context, n int) (*Fleet, error) {
+	if n < 1 || n > maxSlot {
+		return nil, fmt.Errorf("sshhosts: %d hosts requested, want 1 to %d", n, maxSlot)
+	}
+	if err := Prerequisites(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("sshhosts: %w", err)
+	}
+	if err := removeLeftovers(); err != nil {
+		return nil, fmt.Errorf("sshhosts: removing leftovers of earlier runs: %w", err)
+	}
+
+	signer, pemBytes, err := newAdminKey()
+	if err != nil {
+		return nil, fmt.Errorf("sshhosts: admin key: %w", err)
+	}
+	f := &Fleet{AdminSigner: signer, AdminKeyPEM: pemBytes}
+
+	locks, err := claimSlots(n)
+	if err != nil {
+		return nil, fmt.Errorf("sshhosts: %w", err)
+	}
+	f.Hosts = make([]*Host, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, lock := range locks {
+		wg.Go(func() {
+			f.Hosts[i], errs[i] = startHost(ctx, lock, signer)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return f, nil
+}
+
+// Close stops every host and removes its namespace, veth and files. Later calls return the
+// first call's result.
+func (f *Fleet) Close() error {
+	f.closeOnce.Do(func() {
+		errs := make([]error, len(f.Hosts))
+		var wg sync.WaitGroup
+		for i, h := range f.Hosts {
+			if h == nil {
+				continue
+			}
+			wg.Go(func() { errs[i] = h.stop() })
+		}
+		wg.Wait()
+		f.closeErr = errors.Join(errs...)
+	})
+	return f.closeErr
+}
+
+func newAdminKey() (ssh.Signer, []byte, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	pemBytes, err := marshalPrivateKey(priv, "berth-test-admin")
+	if err != nil {
+		return nil, nil, err
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		return nil, nil, err
+	}
+	return signer, pemBytes, nil
+}
+
+func marshalPrivateKey(key ed25519.PrivateKey, comment string) ([]byte, error) {
+	block, err := ssh.MarshalPrivateKey(key, comment)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(block), nil
+}
+
+// Prerequisites says what this machine lacks to run hosts, and how to get it; nil when
+// nothing.
+func Prerequisites() error {
+	var missing []error
+	if os.Geteuid() != 0 {
+		missing = append(missing, errors.New("not running as root: network and mount namespaces need it (run the tests as root, as CI does)"))
+	}
+	if _, err := os.Stat(sshdPath); err != nil {
+		missing = append(missing, fmt.Errorf("%s is missing: `make test` installs it, or run `apt-get install -y --no-install-recommends openssh-server`", sshdPath))
+	}
+	tools := []struct{ name, pkg string }{
+		{"ip", "iproute2"},
+		{"unshare", "util-linux"},
+		{"mount", "mount"},
+		{"hostname", "hostname"},
+		{"cp", "coreutils"},
+		{"sh", "dash"},
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool.name); err != nil {
+			missing = append(missing, fmt.Errorf("%s is missing: apt-get install -y %s", tool.name, tool.pkg))
+		}
+	}
+	if len(missing) == 0 {
+		// Containers often forbid namespaces even to root; find out now rather than halfway
+		// through a host.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "unshare", "--net", "--mount", "--uts", "--ipc", "--pid", "--fork", "--mount-proc", "true").CombinedOutput()
+		if err != nil {
+			missing = append(missing, fmt.Errorf("cannot create namespaces here (unshare: %v: %s); run on a machine or container that allows them (privileged)", err, out))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("sshhosts cannot run test hosts: %w", errors.Join(missing...))
+	}
+	return nil
+}
+
+// StartForTest starts n hosts for t and stops them when t ends. When this machine cannot run
+// hosts it skips t, saying why, except in CI (CI=true), where that is a failure.
+func StartForTest(t testing.TB, n int) *Fleet {
+	t.Helper()
+	if err := Prerequisites(); err != nil {
+		skipOrFail(t, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f, err := Start(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.LogTails(t, 30)
+		}
+		if err := f.Close(); err != nil {
+			t.Errorf("closing test hosts: %v", err)
+		}
+	})
+	return f
+}
+
+func skipOrFail(t testing.TB, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(err)
+	}
+	t.Skip(err)
+}
+
+// LogTails logs the end of each host's sshd log to t, which is where a refused login
+// explains itself. Call it before Close, which deletes the logs.
+func (f *Fleet) LogTails(t testing.TB, lines int) {
+	t.Helper()
+	for _, h := range f.Hosts {
+		t.Logf("%s: end of %s:\n%s", h.Name, h.LogPath, h.LogTail(lines))
+	}
+}

@@ -1,0 +1,248 @@
+// Package e2e drives berth's binary the way a person does.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/berth-ci/berth/internal/testground/controlplane"
+)
+
+// `make run` is `berth dev`: it must come up, be reachable as printed, and leave nothing behind
+// on Ctrl-C.
+func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the dev stack's SSH hosts need root; CI runs as root")
+		}
+		t.Skip("the dev stack's SSH hosts need root")
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "berth")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building berth: %v\n%s", err, out)
+	}
+
+	stateDir := filepath.Join(t.TempDir(), "state")
+	dev := exec.Command(bin, "dev", "--hosts", "1", "--state-dir", stateDir)
+	dev.Dir = root
+	stdout, err := dev.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	dev.Stderr = &stderr
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	t.Cleanup(func() { _ = dev.Process.Kill() })
+
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		exited <- dev.Wait()
+	}()
+	var printed strings.Builder
+	deadline := time.After(2 * time.Minute)
+	for !strings.Contains(printed.String(), "Press Ctrl-C") {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("berth dev exited before coming up:\n%s\nstderr:\n%s", printed.String(), stderr.String())
+			}
+			printed.WriteString(l + "\n")
+		case <-deadline:
+			t.Fatalf("berth dev did not come up in time:\n%s", printed.String())
+		}
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	out := printed.String()
+
+	kubeconfig := submatch(t, out, `export KUBECONFIG=(\S+)`)
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	_ = apiextensionsv1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crds apiextensionsv1.CustomResourceDefinitionList
+	if err := c.List(context.Background(), &crds); err != nil {
+		t.Fatalf("listing CRDs with the printed KUBECONFIG: %v", err)
+	}
+	names := map[string]bool{}
+	for _, crd := range crds.Items {
+		names[crd.Name] = true
+	}
+	for _, want := range []string{"taskruns.tekton.dev", "tasks.tekton.dev", "pipelineruns.tekton.dev"} {
+		if !names[want] {
+			t.Errorf("CRD %s not served; have %v", want, names)
+		}
+	}
+
+	// The printed ssh line works as printed: key file, known_hosts, root@address.
+	m := regexp.MustCompile(`(berth-host-\d+)\s+ssh -i (\S+) -o UserKnownHostsFile=(\S+) root@(\S+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no ssh line in:\n%s", out)
+	}
+	hostName, keyPath, knownHostsPath, address := m[1], m[2], m[3], m[4]
+	if got := sshRun(t, keyPath, knownHostsPath, address, "id -u"); got != "0" {
+		t.Fatalf("id -u on %s printed %q, want 0", hostName, got)
+	}
+
+	children := descendants(dev.Process.Pid)
+	if len(children) < 3 {
+		t.Fatalf("expected etcd, kube-apiserver and an sshd under berth dev, found pids %v", children)
+	}
+	if !strings.Contains(readFile(t, "/proc/self/mountinfo"), hostName) {
+		t.Fatalf("the host's network namespace is not mounted under /run/netns")
+	}
+
+	if err := dev.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("berth dev exited with %v after Ctrl-C; stderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("berth dev did not stop within a minute of Ctrl-C")
+	}
+
+	for _, pid := range children {
+		if alive(pid) {
+			t.Errorf("process %d (%s) outlived berth dev", pid, readFile(t, "/proc/"+strconv.Itoa(pid)+"/comm"))
+		}
+	}
+	if netns, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(netns), hostName+" ") || strings.Contains(string(netns), hostName+"\n") {
+		t.Errorf("network namespace %s outlived berth dev", hostName)
+	}
+	if strings.Contains(readFile(t, "/proc/self/mountinfo"), hostName) {
+		t.Errorf("a mount of %s outlived berth dev", hostName)
+	}
+	if _, err := os.Stat(kubeconfig); !os.IsNotExist(err) {
+		t.Errorf("the kubeconfig outlived berth dev (stat: %v)", err)
+	}
+}
+
+func submatch(t *testing.T, s, pattern string) string {
+	t.Helper()
+	m := regexp.MustCompile(pattern).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("%q not found in:\n%s", pattern, s)
+	}
+	return m[1]
+}
+
+func sshRun(t *testing.T, keyPath, knownHostsPath, address, command string) string {
+	t.Helper()
+	signer, err := ssh.ParsePrivateKey([]byte(readFile(t, keyPath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostKeys, err := knownhosts.New(knownHostsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ssh.Dial("tcp", address+":22", &ssh.ClientConfig{
+		User: "root", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: hostKeys, Timeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("ssh root@%s as printed: %v", address, err)
+	}
+	defer conn.Close()
+	sess, err := conn.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	out, err := sess.Output(command)
+	if err != nil {
+		t.Fatalf("%s on %s: %v", command, address, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// descendants lists every process below pid.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+		if len(fields) > 1 {
+			ppid, _ := strconv.Atoi(fields[1])
+			children[ppid] = append(children[ppid], p)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+func alive(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// A zombie has exited; only its parent's wait is missing.
+	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return string(data)
+}
