@@ -4,9 +4,9 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 
 # Packages whose tests are cheap enough to also run under the race detector.
-RACE_PKGS ?= ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
+RACE_PKGS ?= ./internal/config/... ./internal/controller/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
 
-.PHONY: all build test testbin prereqs run vet clean
+.PHONY: all build test testbin prereqs run vet fuzz clean
 
 all: build
 
@@ -28,6 +28,14 @@ vet:
 test: prereqs testbin vet
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
+
+## fuzz: each fuzz target for FUZZTIME (make test replays only their seed corpora)
+FUZZTIME ?= 2m
+FUZZ_TARGETS ?= ./internal/config:FuzzParse
+fuzz:
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzzing $$name in $$pkg for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 ## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C
 run: prereqs testbin build

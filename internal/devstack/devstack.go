@@ -18,13 +18,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/testground/tektonstandin"
 )
 
 // Namespace is where berth's controller, its config and the host admin key live.
-const Namespace = "berth-system"
+const Namespace = hostconfig.DefaultNamespace
 
 // AdminKeySecret holds the hosts' admin key (key id_rsa), as an operator would create it.
 const AdminKeySecret = "host-admin-key"

@@ -14,14 +14,14 @@ import (
 	"strings"
 	"time"
 
-	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/berth-ci/berth/internal/kubescheme"
 )
 
 // KubernetesVersion is the version `make testbin` builds; hack/tools/go.mod pins the same one
@@ -46,17 +46,8 @@ type ControlPlane struct {
 	ledger string
 }
 
-// Scheme holds the API types berth's code and tests talk in: core Kubernetes and Tekton v1.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := pipelinev1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
+// Scheme is berth's scheme; see kubescheme.
+func Scheme() *runtime.Scheme { return kubescheme.New() }
 
 // Start brings up a control plane and waits until it serves the default namespace.
 func Start() (*ControlPlane, error) {

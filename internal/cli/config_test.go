@@ -1,0 +1,118 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/testground/controlplane"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
+
+// berth runs the CLI in-process with args and returns what it printed and its error.
+func berth(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := NewRootCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestEverySampleIsValid(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples, _ := filepath.Glob(filepath.Join(root, "config", "samples", "host-config-*.yaml"))
+	if len(samples) < 4 {
+		t.Fatalf("want a sample per strategy (local, static, dynamic, dynamic pool), found %v", samples)
+	}
+	for _, sample := range samples {
+		out, err := berth(t, "config", "validate", "-f", sample)
+		if err != nil || !strings.Contains(out, ": valid") {
+			t.Errorf("%s: err=%v\n%s", filepath.Base(sample), err, out)
+		}
+	}
+}
+
+func TestBrokenFilePrintsEveryProblemAndFails(t *testing.T) {
+	out, err := berth(t, "config", "validate", "-f", filepath.Join("testdata", "broken-config.yaml"))
+	if !errors.Is(err, errInvalidConfig) {
+		t.Fatalf("want errInvalidConfig (non-zero exit), got %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"error: dynamic-platforms: linux/arm64 is also in local-platforms",
+		"error: host.s390x-1.concurency: unknown key; berth would ignore it; did you mean concurrency?",
+		"error: host.s390x-1.user: missing",
+		"error: dynamic.linux-arm64.type: unknown provider type \"asw\"",
+		"error: dynamic.linux-arm64.ssh-secret: missing",
+		"warning: host.s390x-1.concurrency: not set",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestWarningsAloneExitZero(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cm.yaml")
+	os.WriteFile(path, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata:\n  local-platforms: local\n"), 0o600)
+	out, err := berth(t, "config", "validate", "-f", path)
+	if err != nil || !strings.Contains(out, "warning: metadata.labels") || !strings.Contains(out, "valid, with 1 warning") {
+		t.Fatalf("err=%v\n%s", err, out)
+	}
+}
+
+func TestValidateLiveConfigChecksSecrets(t *testing.T) {
+	ctx := context.Background()
+	ns := "live-validate"
+	if err := cp.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "hosts", Namespace: ns, Labels: map[string]string{hostconfig.ConfigLabel: "x"}},
+		Data: map[string]string{
+			"host.a.address": "198.18.1.2", "host.a.user": "root", "host.a.platform": "linux/s390x",
+			"host.a.secret": "a-admin", "host.a.concurrency": "2",
+		},
+	}
+	if err := cp.Client.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, cp.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", ns)
+	if err != nil || !strings.Contains(out, "warning: host.a.secret: secret live-validate/a-admin does not exist; create it with key(s) id_rsa") {
+		t.Fatalf("err=%v\n%s", err, out)
+	}
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "a-admin", Namespace: ns}, Data: map[string][]byte{"id_rsa": []byte("k")}}
+	if err := cp.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", ns)
+	if err != nil || !strings.Contains(out, "configmap live-validate/hosts: valid\n") {
+		t.Fatalf("with the secret present: err=%v\n%s", err, out)
+	}
+
+	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", "empty-namespace")
+	if err == nil || !strings.Contains(err.Error(), "no ConfigMap in namespace empty-namespace carries the label") {
+		t.Fatalf("a namespace without config must fail clearly: err=%v\n%s", err, out)
+	}
+}

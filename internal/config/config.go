@@ -1,0 +1,155 @@
+// Package config is the typed model of berth's host-config ConfigMap (its data, as a map of
+// keys to values; the format is that of the multi-platform controller, see CONTRACT.md) and its
+// validation. It knows nothing of Kubernetes: the controller and `berth config validate` hand
+// it the data and act on the Problems it returns.
+package config
+
+import (
+	"maps"
+	"regexp"
+	"slices"
+	"time"
+)
+
+// Strategy is how a platform is satisfied.
+type Strategy string
+
+const (
+	StrategyLocal       Strategy = "local"        // a node of this cluster
+	StrategyStatic      Strategy = "static"       // a slot on a configured SSH host
+	StrategyDynamic     Strategy = "dynamic"      // a cloud VM per task
+	StrategyDynamicPool Strategy = "dynamic-pool" // a slot on a pooled, reused cloud VM
+)
+
+// Config is one parsed host-config ConfigMap.
+type Config struct {
+	// Platforms maps every configured platform to its strategy.
+	Platforms map[Platform]Strategy
+	// Hosts are the static hosts, sorted by name.
+	Hosts []*StaticHost
+	// Dynamic holds the settings of dynamic and dynamic-pool platforms.
+	Dynamic map[Platform]*DynamicPlatform
+
+	InstanceTag            string
+	AdditionalInstanceTags map[string]string
+	// AllowedNamespaces, if not empty, are the namespaces whose tasks may be served.
+	AllowedNamespaces []*regexp.Regexp
+
+	// broken holds, per platform, the errors in its settings. A config with errors never
+	// replaces a good one; this lets a controller that has no good config yet tell each task
+	// precisely why its platform cannot be served.
+	broken map[Platform][]Problem
+}
+
+// StaticHost is one host.<name>.* entry.
+type StaticHost struct {
+	Name        string
+	Address     string // IP or DNS name, optionally with :port
+	User        string // the admin user berth provisions through
+	Platform    Platform
+	Secret      string // admin key secret, key id_rsa
+	Concurrency int
+	// HostKey, if set, is the only SSH host key accepted (authorized_keys format).
+	HostKey string
+}
+
+// DynamicPlatform is one dynamic.<platform>.* group.
+type DynamicPlatform struct {
+	Platform          Platform
+	Type              string // provider: aws, ibmz, ibmp
+	MaxInstances      int
+	SSHSecret         string
+	InstanceTag       string
+	SudoCommands      string
+	AllocationTimeout time.Duration
+	CheckInterval     time.Duration
+	HostKey           string
+	// Pool is set for dynamic-pool platforms: VMs are reused by several tasks.
+	Pool *Pool
+	// Settings are the provider's own keys (region, ami, ...), checked against its schema.
+	Settings map[string]string
+}
+
+// Pool are the settings only pooled platforms have.
+type Pool struct {
+	Concurrency int
+	MaxAge      time.Duration
+}
+
+// SecretRef is a secret the config names, with the keys it must hold.
+type SecretRef struct {
+	Name      string
+	Keys      []string
+	ConfigKey string // the config key that names it
+}
+
+// Strategy tells how p is satisfied; false if the config does not know p.
+func (c *Config) Strategy(p Platform) (Strategy, bool) {
+	s, ok := c.Platforms[p]
+	return s, ok
+}
+
+// HostsFor returns the static hosts of p, sorted by name.
+func (c *Config) HostsFor(p Platform) []*StaticHost {
+	var hosts []*StaticHost
+	for _, h := range c.Hosts {
+		if h.Platform == p {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
+}
+
+// Host returns the static host called name, or nil.
+func (c *Config) Host(name string) *StaticHost {
+	i, ok := slices.BinarySearchFunc(c.Hosts, name, func(h *StaticHost, n string) int {
+		switch {
+		case h.Name < n:
+			return -1
+		case h.Name > n:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return nil
+	}
+	return c.Hosts[i]
+}
+
+// NamespaceAllowed tells whether tasks in ns may be served.
+func (c *Config) NamespaceAllowed(ns string) bool {
+	if len(c.AllowedNamespaces) == 0 {
+		return true
+	}
+	for _, re := range c.AllowedNamespaces {
+		if re.MatchString(ns) {
+			return true
+		}
+	}
+	return false
+}
+
+// Broken returns the errors in p's settings; empty when p can be served.
+func (c *Config) Broken(p Platform) Problems {
+	return c.broken[p]
+}
+
+// Secrets lists every secret the config names, in key order.
+func (c *Config) Secrets() []SecretRef {
+	var refs []SecretRef
+	for _, h := range c.Hosts {
+		refs = append(refs, SecretRef{Name: h.Secret, Keys: []string{"id_rsa"}, ConfigKey: hostKey(h.Name, "secret")})
+	}
+	for _, p := range slices.Sorted(maps.Keys(c.Dynamic)) {
+		d := c.Dynamic[p]
+		refs = append(refs, SecretRef{Name: d.SSHSecret, Keys: []string{"id_rsa"}, ConfigKey: dynamicKey(p, "ssh-secret")})
+		if s, ok := providerSecretKeys[d.Type]; ok && d.Settings[s.field] != "" {
+			refs = append(refs, SecretRef{Name: d.Settings[s.field], Keys: s.keys, ConfigKey: dynamicKey(p, s.field)})
+		}
+	}
+	return refs
+}
+
+func hostKey(name, field string) string          { return "host." + name + "." + field }
+func dynamicKey(p Platform, field string) string { return "dynamic." + p.Label() + "." + field }

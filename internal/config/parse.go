@@ -1,0 +1,437 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Parse reads a host-config ConfigMap's data. It returns the config and every problem found,
+// not just the first; the config must not be used when the problems include errors (though
+// Broken still tells which platforms they concern).
+func Parse(data map[string]string) (*Config, Problems) {
+	p := &parser{
+		data: data,
+		cfg: &Config{
+			Platforms: map[Platform]Strategy{},
+			Dynamic:   map[Platform]*DynamicPlatform{},
+			broken:    map[Platform][]Problem{},
+		},
+		hostFields:    map[string]map[string]string{},
+		dynamicFields: map[string]map[string]string{},
+	}
+	p.classifyKeys()
+	p.parseGlobals()
+	p.parsePlatformLists()
+	p.parseHosts()
+	p.parseDynamic()
+	p.problems.sort()
+	return p.cfg, p.problems
+}
+
+type parser struct {
+	data     map[string]string
+	cfg      *Config
+	problems Problems
+
+	hostFields    map[string]map[string]string // host name → field → value
+	dynamicFields map[string]map[string]string // platform label → field → value
+	listedIn      map[Platform]string          // platform → the list key that claimed it
+	dynamicListed map[string]dynamicEntry      // label → entry of the dynamic lists, conflicting ones too
+}
+
+func (p *parser) errorf(key, format string, args ...any) {
+	p.problems = append(p.problems, Problem{Severity: Error, Key: key, Message: fmt.Sprintf(format, args...)})
+}
+
+func (p *parser) warnf(key, format string, args ...any) {
+	p.problems = append(p.problems, Problem{Severity: Warning, Key: key, Message: fmt.Sprintf(format, args...)})
+}
+
+// platformErrorf records an error that makes one platform unusable.
+func (p *parser) platformErrorf(platform Platform, key, format string, args ...any) {
+	p.errorf(key, format, args...)
+	p.cfg.broken[platform] = append(p.cfg.broken[platform], p.problems[len(p.problems)-1])
+}
+
+// classifyKeys sorts every key into globals, host.<name>.<field> and dynamic.<platform>.<field>,
+// and reports the ones that are none of them.
+func (p *parser) classifyKeys() {
+	for _, key := range slices.Sorted(maps.Keys(p.data)) {
+		if _, ok := globalKeys[key]; ok {
+			continue
+		}
+		section, rest, _ := strings.Cut(key, ".")
+		dot := strings.LastIndexByte(rest, '.')
+		switch {
+		case (section == "host" || section == "dynamic") && dot > 0 && dot < len(rest)-1:
+			name, field := rest[:dot], rest[dot+1:]
+			target := p.hostFields
+			if section == "dynamic" {
+				target = p.dynamicFields
+			}
+			if target[name] == nil {
+				target[name] = map[string]string{}
+			}
+			target[name][field] = strings.TrimSpace(p.data[key])
+		case section == "host" || section == "dynamic":
+			p.errorf(key, "%s keys have the form %s.<name>.<field>, like %s", section, section, map[string]string{
+				"host": "host.s390x-1.address", "dynamic": "dynamic.linux-arm64.type"}[section])
+		default:
+			p.unknownKey(key)
+		}
+	}
+}
+
+func (p *parser) unknownKey(key string) {
+	if key == "" {
+		p.errorf(`""`, "a key is empty; every key needs a name")
+		return
+	}
+	candidates := slices.Collect(maps.Keys(globalKeys))
+	msg := "unknown key; berth would ignore it"
+	if s := suggest(key, candidates); s != "" {
+		msg += "; did you mean " + s + "?"
+	} else if section, _, _ := strings.Cut(key, "."); suggest(section, []string{"host", "dynamic"}) != "" {
+		msg += "; did you mean " + suggest(section, []string{"host", "dynamic"}) + ".<name>.<field>?"
+	}
+	p.errorf(key, "%s", msg)
+}
+
+func (p *parser) parseGlobals() {
+	p.cfg.InstanceTag = strings.TrimSpace(p.data["instance-tag"])
+	if raw := strings.TrimSpace(p.data["additional-instance-tags"]); raw != "" {
+		p.cfg.AdditionalInstanceTags = map[string]string{}
+		for _, pair := range splitList(raw) {
+			k, v, ok := strings.Cut(pair, "=")
+			if !ok || strings.TrimSpace(k) == "" {
+				p.errorf("additional-instance-tags", "%q is not key=value; write tags as k=v,k=v", pair)
+				continue
+			}
+			p.cfg.AdditionalInstanceTags[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	for _, ns := range splitList(p.data["allowed-namespaces"]) {
+		re, err := regexp.Compile("^(?:" + ns + ")$")
+		if err != nil {
+			p.errorf("allowed-namespaces", "%q is neither a namespace name nor a valid regular expression: %v", ns, err)
+			continue
+		}
+		p.cfg.AllowedNamespaces = append(p.cfg.AllowedNamespaces, re)
+	}
+}
+
+// parsePlatformLists reads the three platform lists; a platform may be in only one of them.
+func (p *parser) parsePlatformLists() {
+	p.listedIn = map[Platform]string{}
+	p.dynamicListed = map[string]dynamicEntry{}
+	for _, list := range []struct {
+		key      string
+		strategy Strategy
+	}{
+		{"local-platforms", StrategyLocal},
+		{"dynamic-platforms", StrategyDynamic},
+		{"dynamic-pool-platforms", StrategyDynamicPool},
+	} {
+		items := strings.Split(p.data[list.key], ",")
+		for i, item := range items {
+			item = strings.TrimSpace(item)
+			if item == "" {
+				if i < len(items)-1 && strings.TrimSpace(p.data[list.key]) != "" {
+					p.errorf(list.key, "empty entry at position %d; remove the extra comma", i+1)
+				}
+				continue // a trailing comma is common in existing configs
+			}
+			platform, err := ParsePlatform(item)
+			if err != nil {
+				p.errorf(list.key, "%v", err)
+				continue
+			}
+			if list.strategy != StrategyLocal {
+				p.dynamicListed[platform.Label()] = dynamicEntry{platform: platform, pooled: list.strategy == StrategyDynamicPool}
+			}
+			if other, ok := p.listedIn[platform]; ok {
+				if other == list.key {
+					p.warnf(list.key, "%s is listed twice", platform)
+				} else {
+					p.platformErrorf(platform, list.key, "%s is also in %s; a platform has one strategy: remove it from one list", platform, other)
+				}
+				continue
+			}
+			p.listedIn[platform] = list.key
+			p.cfg.Platforms[platform] = list.strategy
+		}
+	}
+}
+
+func (p *parser) parseHosts() {
+	for _, name := range slices.Sorted(maps.Keys(p.hostFields)) {
+		fields := p.hostFields[name]
+		h := &StaticHost{Name: name}
+		platform, perr := ParsePlatform(fields["platform"])
+		if perr == nil {
+			h.Platform = platform
+		}
+		fail := func(field, format string, args ...any) {
+			if perr == nil {
+				p.platformErrorf(platform, hostKey(name, field), format, args...)
+			} else {
+				p.errorf(hostKey(name, field), format, args...)
+			}
+		}
+		if !validHostName(name) {
+			fail("address", "host name %q cannot be used: it is written into the assigned-host label, so it must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", name)
+		}
+		p.checkFields(fields, hostKeys, nil, func(field, msg string) { fail(field, "%s", msg) })
+		h.Address, h.User, h.Secret, h.HostKey = fields["address"], fields["user"], fields["secret"], fields["host-key"]
+
+		if fields["platform"] != "" && perr != nil {
+			p.errorf(hostKey(name, "platform"), "%v", perr)
+		}
+		if h.Address != "" {
+			if err := checkAddress(h.Address); err != nil {
+				fail("address", "%v", err)
+			}
+		}
+		if perr == nil {
+			if other, ok := p.listedIn[platform]; ok {
+				fail("platform", "%s is in %s, so a static host for it would never be used; remove the host or the platform from %s", platform, other, other)
+			}
+		}
+		h.Concurrency = 1
+		if raw := fields["concurrency"]; raw != "" {
+			h.Concurrency = p.intInRange(raw, 1, maxHostConcurrency, "builds at once on this host", func(msg string) { fail("concurrency", "%s", msg) })
+		} else {
+			p.warnf(hostKey(name, "concurrency"), "not set; berth runs one build at a time on this host")
+		}
+		if h.HostKey != "" {
+			if err := checkHostKey(h.HostKey); err != nil {
+				fail("host-key", "%v", err)
+			}
+		}
+		if perr == nil {
+			if _, listed := p.listedIn[platform]; !listed {
+				p.cfg.Platforms[platform] = StrategyStatic
+			}
+		}
+		p.cfg.Hosts = append(p.cfg.Hosts, h)
+	}
+}
+
+type dynamicEntry struct {
+	platform Platform
+	pooled   bool
+}
+
+// parseDynamic checks the settings of every platform in a dynamic list (also of one that is
+// in two lists, so that all its mistakes are reported at once), and models those whose
+// strategy is dynamic.
+func (p *parser) parseDynamic() {
+	for _, label := range slices.Sorted(maps.Keys(p.dynamicFields)) {
+		if _, ok := p.dynamicListed[label]; !ok {
+			p.warnf("dynamic."+label+".*", "no platform in dynamic-platforms or dynamic-pool-platforms has this name, so these keys are ignored; add the platform to a list to use them")
+		}
+	}
+	for _, label := range slices.Sorted(maps.Keys(p.dynamicListed)) {
+		platform, pooled := p.dynamicListed[label].platform, p.dynamicListed[label].pooled
+		fields := p.dynamicFields[label]
+		fail := func(field, format string, args ...any) {
+			p.platformErrorf(platform, dynamicKey(platform, field), format, args...)
+		}
+		if fields == nil {
+			fail("type", "%s lists %s but there are no dynamic.%s.* settings; set at least type, max-instances and ssh-secret", p.listedIn[platform], platform, label)
+			continue
+		}
+		d := &DynamicPlatform{Platform: platform, Type: fields["type"], Settings: map[string]string{}}
+		provider, known := providerKeys[d.Type]
+		if d.Type != "" && !known {
+			msg := fmt.Sprintf("unknown provider type %q; berth knows %s", d.Type, strings.Join(slices.Sorted(maps.Keys(providerKeys)), ", "))
+			if s := suggest(d.Type, slices.Collect(maps.Keys(providerKeys))); s != "" {
+				msg += "; did you mean " + s + "?"
+			}
+			fail("type", "%s", msg)
+		}
+		schema := maps.Clone(dynamicKeys)
+		if pooled {
+			maps.Copy(schema, poolKeys)
+		}
+		maps.Copy(schema, provider)
+		p.checkFields(fields, schema, func(field string) string { return p.misplacedField(field, d.Type, pooled) },
+			func(field, msg string) { fail(field, "%s", msg) })
+
+		d.SSHSecret, d.InstanceTag, d.SudoCommands, d.HostKey = fields["ssh-secret"], fields["instance-tag"], fields["sudo-commands"], fields["host-key"]
+		if raw, ok := fields["max-instances"]; ok {
+			d.MaxInstances = p.intInRange(raw, 1, maxInstances, "VMs at most", func(msg string) { fail("max-instances", "%s", msg) })
+		}
+		d.AllocationTimeout = p.seconds(fields, "allocation-timeout", defaultAllocTimeout, fail)
+		d.CheckInterval = p.seconds(fields, "check-interval", defaultCheckInterval, fail)
+		if pooled {
+			d.Pool = &Pool{}
+			if raw, ok := fields["concurrency"]; ok {
+				d.Pool.Concurrency = p.intInRange(raw, 1, maxHostConcurrency, "builds at once on each VM", func(msg string) { fail("concurrency", "%s", msg) })
+			}
+			if raw, ok := fields["max-age"]; ok {
+				d.Pool.MaxAge = time.Duration(p.intInRange(raw, 1, maxPoolAgeMinutes, "minutes a VM may live", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
+			}
+		}
+		if d.SudoCommands != "" {
+			if err := checkSudoCommands(d.SudoCommands); err != nil {
+				fail("sudo-commands", "%v", err)
+			}
+		}
+		if d.HostKey != "" {
+			if err := checkHostKey(d.HostKey); err != nil {
+				fail("host-key", "%v", err)
+			}
+		}
+		for field := range provider {
+			if v, ok := fields[field]; ok {
+				d.Settings[field] = v
+			}
+		}
+		if s := p.cfg.Platforms[platform]; s == StrategyDynamic || s == StrategyDynamicPool {
+			p.cfg.Dynamic[platform] = d
+		}
+	}
+}
+
+// misplacedField explains a field that belongs somewhere else, or returns "".
+func (p *parser) misplacedField(field, providerType string, pooled bool) string {
+	if _, ok := poolKeys[field]; ok && !pooled {
+		return "only platforms in dynamic-pool-platforms have " + field
+	}
+	for other, keys := range providerKeys {
+		if _, ok := keys[field]; ok && other != providerType && providerType != "" {
+			return fmt.Sprintf("%s is a setting of type %s, and this platform's type is %s", field, other, providerType)
+		}
+	}
+	return ""
+}
+
+// checkFields reports unknown and missing fields and values of the wrong kind.
+func (p *parser) checkFields(fields map[string]string, schema map[string]field, misplaced func(string) string, fail func(field, msg string)) {
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
+		f, ok := schema[name]
+		if !ok {
+			msg := ""
+			if misplaced != nil {
+				msg = misplaced(name)
+			}
+			if msg == "" {
+				msg = "unknown key; berth would ignore it"
+				if s := suggest(name, slices.Collect(maps.Keys(schema))); s != "" {
+					msg += "; did you mean " + s + "?"
+				}
+			}
+			fail(name, msg)
+			continue
+		}
+		value := fields[name]
+		switch {
+		case value == "" && f.required:
+			fail(name, "is empty; it is required")
+		case f.kind == kindBool && value != "":
+			if _, err := strconv.ParseBool(value); err != nil {
+				fail(name, fmt.Sprintf("%q is not true or false", value))
+			}
+		case f.kind == kindNumber && value != "":
+			if v, err := strconv.ParseFloat(value, 64); err != nil || v <= 0 {
+				fail(name, fmt.Sprintf("%q is not a positive number", value))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(schema)) {
+		if _, present := fields[name]; schema[name].required && !present {
+			msg := "missing; it is required"
+			if h := schema[name].help; h != "" {
+				msg += ": set it to " + h
+			}
+			fail(name, msg)
+		}
+	}
+}
+
+// intInRange parses a whole number in [lo, hi]; what says what the number counts.
+func (p *parser) intInRange(raw string, lo, hi int, what string, fail func(string)) int {
+	if raw == "" {
+		return 0 // reported as empty by checkFields
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil {
+		fail(fmt.Sprintf("%q is not a whole number; write the number of %s, from %d to %d", raw, what, lo, hi))
+		return 0
+	}
+	if n < lo || n > hi {
+		fail(fmt.Sprintf("%d is out of range; the number of %s must be from %d to %d", n, what, lo, hi))
+		return 0
+	}
+	return n
+}
+
+func (p *parser) seconds(fields map[string]string, field string, def int, fail func(string, string, ...any)) time.Duration {
+	raw := fields[field]
+	if raw == "" { // absent or empty: the default
+		return time.Duration(def) * time.Second
+	}
+	n := p.intInRange(raw, 1, 24*60*60, "seconds", func(msg string) { fail(field, "%s", msg) })
+	return time.Duration(n) * time.Second
+}
+
+var hostNameRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+
+func validHostName(name string) bool { return hostNameRE.MatchString(name) }
+
+var dnsNameRE = regexp.MustCompile(`^([a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?\.)*[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?$`)
+
+// checkAddress accepts an IP or DNS name, optionally with :port.
+func checkAddress(addr string) error {
+	host := addr
+	if h, port, err := net.SplitHostPort(addr); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%q has an invalid port", addr)
+		}
+		host = h
+	}
+	if net.ParseIP(host) != nil || (len(host) <= 253 && dnsNameRE.MatchString(host)) {
+		return nil
+	}
+	return fmt.Errorf("%q is neither an IP address nor a DNS name", addr)
+}
+
+// checkHostKey accepts one public key in authorized_keys form: "<type> <base64>[ comment]".
+func checkHostKey(key string) error {
+	parts := strings.Fields(key)
+	if len(parts) < 2 || !strings.HasPrefix(parts[0], "ssh-") && !strings.HasPrefix(parts[0], "ecdsa-") {
+		return fmt.Errorf("not a public key; paste one line as ssh-keyscan prints it, like \"ssh-ed25519 AAAA...\"")
+	}
+	return nil
+}
+
+// sudoCommandRE allows absolute command paths with plain arguments: sudo rules are matched
+// literally, and shell or sudoers syntax in them would widen what a build may run as root.
+var sudoCommandRE = regexp.MustCompile(`^/[-A-Za-z0-9_./]+( [-A-Za-z0-9_./=:@+]+)*$`)
+
+func checkSudoCommands(list string) error {
+	for _, cmd := range splitList(list) {
+		if !sudoCommandRE.MatchString(cmd) {
+			return fmt.Errorf("%q is not allowed: each sudo command must be an absolute path with plain arguments (letters, digits, - _ . / = : @ +), separated by commas", cmd)
+		}
+	}
+	return nil
+}
+
+// splitList splits a comma list, trimming spaces and dropping empty entries.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

@@ -1,0 +1,42 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Platform names what a task must build on: "os/arch" ("linux/s390x", "linux-mlarge/amd64"),
+// or one of the names that mean "this cluster": local, localhost.
+type Platform string
+
+var rfc1035Label = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// ParsePlatform checks a platform name. Each half of os/arch is an RFC 1035 label: lowercase
+// letters, digits and '-', starting with a letter, at most 63 characters. linux/x86_64 is
+// accepted as well because existing configs and tasks use it.
+func ParsePlatform(s string) (Platform, error) {
+	switch s {
+	case "local", "localhost", "linux/x86_64":
+		return Platform(s), nil
+	}
+	osName, arch, ok := strings.Cut(s, "/")
+	if !ok || strings.Contains(arch, "/") {
+		return "", fmt.Errorf("platform %q must be os/arch, like linux/arm64", s)
+	}
+	for _, part := range []string{osName, arch} {
+		if !rfc1035Label.MatchString(part) {
+			return "", fmt.Errorf("platform %q: %q is not a valid name part (lowercase letters, digits and '-', starting with a letter, at most 63 characters)", s, part)
+		}
+	}
+	return Platform(s), nil
+}
+
+// Label is the platform as it appears in config keys and label values: '/' becomes '-'.
+func (p Platform) Label() string { return strings.ReplaceAll(string(p), "/", "-") }
+
+// OS is the part before '/' ("linux", "windows", "darwin"; "linux-mlarge" for sized variants).
+func (p Platform) OS() string {
+	osName, _, _ := strings.Cut(string(p), "/")
+	return osName
+}

@@ -1,0 +1,123 @@
+package config
+
+// The keys the config understands, by section. A key's kind decides how its value is parsed;
+// anything not listed here is an unknown key (an error, with a suggestion).
+
+type kind int
+
+const (
+	kindString kind = iota
+	kindInt
+	kindBool
+	kindNumber // a decimal, like IBM Power's cores=0.25
+)
+
+type field struct {
+	kind     kind
+	required bool
+	help     string // what to set, for the message when it is missing
+}
+
+// globalKeys are the top-level keys.
+var globalKeys = map[string]field{
+	"local-platforms":          {kind: kindString},
+	"dynamic-platforms":        {kind: kindString},
+	"dynamic-pool-platforms":   {kind: kindString},
+	"instance-tag":             {kind: kindString},
+	"additional-instance-tags": {kind: kindString},
+	"allowed-namespaces":       {kind: kindString},
+}
+
+// hostKeys are the fields of host.<name>.<field>.
+var hostKeys = map[string]field{
+	"address":     {kind: kindString, required: true, help: "the host's IP address or DNS name"},
+	"user":        {kind: kindString, required: true, help: "the admin user berth logs in as to create build users"},
+	"platform":    {kind: kindString, required: true, help: "the platform the host builds for, like linux/s390x"},
+	"secret":      {kind: kindString, required: true, help: "the secret holding the admin user's SSH key under id_rsa"},
+	"concurrency": {kind: kindInt},
+	"host-key":    {kind: kindString},
+}
+
+// dynamicKeys are the fields of dynamic.<platform>.<field> for every provider.
+var dynamicKeys = map[string]field{
+	"type":               {kind: kindString, required: true, help: "the cloud provider: aws, ibmz or ibmp"},
+	"max-instances":      {kind: kindInt, required: true, help: "how many VMs berth may run at once for this platform"},
+	"ssh-secret":         {kind: kindString, required: true, help: "the secret holding the SSH key the VMs accept, under id_rsa"},
+	"instance-tag":       {kind: kindString},
+	"sudo-commands":      {kind: kindString},
+	"allocation-timeout": {kind: kindInt},
+	"check-interval":     {kind: kindInt},
+	"host-key":           {kind: kindString},
+}
+
+// poolKeys are the extra fields of platforms in dynamic-pool-platforms.
+var poolKeys = map[string]field{
+	"concurrency": {kind: kindInt, required: true, help: "how many builds share one VM"},
+	"max-age":     {kind: kindInt, required: true, help: "minutes after which a pooled VM takes no new builds"},
+}
+
+// providerKeys are each provider type's own fields of dynamic.<platform>.<field>.
+var providerKeys = map[string]map[string]field{
+	"aws": {
+		"region":                {kind: kindString, required: true},
+		"ami":                   {kind: kindString, required: true},
+		"instance-type":         {kind: kindString, required: true},
+		"key-name":              {kind: kindString, required: true},
+		"aws-secret":            {kind: kindString, required: true},
+		"security-group":        {kind: kindString},
+		"security-group-id":     {kind: kindString},
+		"subnet-id":             {kind: kindString},
+		"instance-profile-name": {kind: kindString},
+		"instance-profile-arn":  {kind: kindString},
+		"strict-public-address": {kind: kindBool},
+		"disk":                  {kind: kindInt},
+		"iops":                  {kind: kindInt},
+		"throughput":            {kind: kindInt},
+		"user-data":             {kind: kindString},
+	},
+	"ibmz": {
+		"region":     {kind: kindString, required: true},
+		"key":        {kind: kindString, required: true},
+		"subnet":     {kind: kindString, required: true},
+		"vpc":        {kind: kindString, required: true},
+		"image-id":   {kind: kindString, required: true},
+		"secret":     {kind: kindString, required: true},
+		"profile":    {kind: kindString, required: true},
+		"url":        {kind: kindString},
+		"private-ip": {kind: kindBool},
+		"disk":       {kind: kindInt},
+	},
+	"ibmp": {
+		"key":       {kind: kindString, required: true},
+		"image":     {kind: kindString, required: true},
+		"secret":    {kind: kindString, required: true},
+		"url":       {kind: kindString, required: true},
+		"crn":       {kind: kindString, required: true},
+		"network":   {kind: kindString, required: true},
+		"system":    {kind: kindString},
+		"cores":     {kind: kindNumber},
+		"memory":    {kind: kindInt},
+		"disk":      {kind: kindInt},
+		"user-data": {kind: kindString},
+	},
+}
+
+// providerSecretKeys names, per provider, the field holding the cloud credentials secret and
+// the keys that secret must have.
+var providerSecretKeys = map[string]struct {
+	field string
+	keys  []string
+}{
+	"aws":  {field: "aws-secret", keys: []string{"access-key-id", "secret-access-key"}},
+	"ibmz": {field: "secret", keys: []string{"api-key"}},
+	"ibmp": {field: "secret", keys: []string{"api-key"}},
+}
+
+// Limits. Concurrency is bounded so that a typo (40 for 4) cannot pile a host with builds.
+const (
+	maxHostConcurrency   = 64
+	maxInstances         = 250
+	maxPoolAgeMinutes    = 24 * 60
+	defaultAllocTimeout  = 600 // seconds
+	defaultCheckInterval = 60  // seconds
+)

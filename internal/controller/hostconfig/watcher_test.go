@@ -1,0 +1,178 @@
+package hostconfig
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/berth-ci/berth/internal/testground/controlplane"
+)
+
+const ns = "berth-system"
+
+var (
+	cp    *controlplane.ControlPlane
+	store = NewStore()
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(controlplane.RunTests(m, &cp, func(ctx context.Context) error {
+		if err := cp.EnsureNamespace(ctx, ns); err != nil {
+			return err
+		}
+		mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
+			Scheme:                 controlplane.Scheme(),
+			Metrics:                metricsserver.Options{BindAddress: "0"},
+			HealthProbeBindAddress: "0",
+			Cache:                  cache.Options{ByObject: CacheByObject(ns)},
+		})
+		if err != nil {
+			return err
+		}
+		w := &Watcher{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: ns, Store: store,
+			Recorder: mgr.GetEventRecorder("berth")}
+		if err := w.SetupWithManager(mgr); err != nil {
+			return err
+		}
+		go func() {
+			if err := mgr.Start(ctx); err != nil {
+				panic(err)
+			}
+		}()
+		return nil
+	}))
+}
+
+func hostData(hosts ...string) map[string]string {
+	d := map[string]string{}
+	for _, h := range hosts {
+		d["host."+h+".address"] = "198.18.1.2"
+		d["host."+h+".user"] = "root"
+		d["host."+h+".platform"] = "linux/s390x"
+		d["host."+h+".secret"] = "s390x-admin"
+		d["host."+h+".concurrency"] = "2"
+	}
+	return d
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 20*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("never: %s", what)
+	}
+}
+
+// eventWith finds an Event on the ConfigMap with the reason whose note contains text.
+func eventWith(t *testing.T, cm, reason, text string) bool {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := cp.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.Regarding.Name == cm && e.Reason == reason && strings.Contains(e.Note, text) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBrokenEditKeepsLastGoodConfig(t *testing.T) {
+	ctx := context.Background()
+	// The secret exists, so only the config itself is judged here.
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s390x-admin", Namespace: ns}, Data: map[string][]byte{"id_rsa": []byte("key")}}
+	if err := cp.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "host-config", Namespace: ns, Labels: map[string]string{ConfigLabel: "hosts"}},
+		Data:       hostData("s390x-1", "s390x-2"),
+	}
+	if err := cp.Client.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the valid config is in force", func() bool {
+		cfg := store.Config()
+		return cfg != nil && len(cfg.HostsFor("linux/s390x")) == 2
+	})
+	if v := testutil.ToFloat64(configValid); v != 1 {
+		t.Fatalf("berth_config_valid = %v after a valid config, want 1", v)
+	}
+	good := store.Config()
+
+	// An edit with a typo and an impossible concurrency.
+	cm.Data["host.s390x-1.concurrency"] = "0"
+	cm.Data["host.s390x-2.adress"] = "198.18.2.2"
+	if err := cp.Client.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a Warning Event names both broken keys", func() bool {
+		return eventWith(t, cm.Name, ReasonRejected, "host.s390x-1.concurrency") &&
+			eventWith(t, cm.Name, ReasonRejected, "host.s390x-2.adress: unknown key; berth would ignore it; did you mean address?")
+	})
+	if v := testutil.ToFloat64(configValid); v != 0 {
+		t.Fatalf("berth_config_valid = %v after a broken edit, want 0", v)
+	}
+	if store.Config() != good {
+		t.Fatal("the broken edit replaced the config in force")
+	}
+	if h := store.Config().Host("s390x-1"); h.Concurrency != 2 {
+		t.Fatalf("host s390x-1 has concurrency %d in force, want the last good 2", h.Concurrency)
+	}
+	if _, problems := store.Rejected(); len(problems.Errors()) != 2 {
+		t.Fatalf("Rejected() problems = %s, want the 2 errors", problems.Summary())
+	}
+
+	// The fix removes s390x-2 and raises s390x-1.
+	cm.Data = hostData("s390x-1")
+	cm.Data["host.s390x-1.concurrency"] = "3"
+	if err := cp.Client.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the fixed config is in force", func() bool {
+		cfg := store.Config()
+		return cfg != nil && cfg.Host("s390x-1").Concurrency == 3
+	})
+	if v := testutil.ToFloat64(configValid); v != 1 {
+		t.Fatalf("berth_config_valid = %v after the fix, want 1", v)
+	}
+	if store.Config().Host("s390x-2") != nil || len(store.Config().HostsFor("linux/s390x")) != 1 {
+		t.Fatal("the removed host still takes new work")
+	}
+	if h := store.Host("s390x-2"); h == nil || h.Address != "198.18.1.2" {
+		t.Fatal("the removed host can no longer be found for cleaning up its running tasks")
+	}
+	if _, problems := store.Rejected(); problems != nil {
+		t.Fatalf("a rejected config is still reported after the fix: %s", problems.Summary())
+	}
+}
+
+func TestMissingSecretIsReported(t *testing.T) {
+	ctx := context.Background()
+	var list corev1.ConfigMapList
+	if err := cp.Client.List(ctx, &list, client.InNamespace(ns), client.HasLabels{ConfigLabel}); err != nil || len(list.Items) != 1 {
+		t.Fatalf("expected the config from the previous test: %v %d", err, len(list.Items))
+	}
+	cm := &list.Items[0]
+	cm.Data["host.s390x-1.secret"] = "no-such-secret"
+	if err := cp.Client.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a SecretMissing Event names the key and the secret", func() bool {
+		return eventWith(t, cm.Name, ReasonSecretMissing, "host.s390x-1.secret: secret berth-system/no-such-secret does not exist")
+	})
+}
