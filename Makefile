@@ -4,7 +4,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 
 # Packages whose tests are cheap enough to also run under the race detector.
-RACE_PKGS ?= ./internal/config/... ./internal/controller/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
+RACE_PKGS ?= ./internal/config/... ./internal/controller/... ./internal/remote/... ./internal/hostops/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
 
 .PHONY: all build test testbin prereqs run vet fuzz clean
 
@@ -31,7 +31,7 @@ test: prereqs testbin vet
 
 ## fuzz: each fuzz target for FUZZTIME (make test replays only their seed corpora)
 FUZZTIME ?= 2m
-FUZZ_TARGETS ?= ./internal/config:FuzzParse
+FUZZ_TARGETS ?= ./internal/config:FuzzParse ./internal/remote:FuzzQuote
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzzing $$name in $$pkg for $(FUZZTIME)"; \

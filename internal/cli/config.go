@@ -55,7 +55,7 @@ It exits 1 when there are errors and 0 when there are only warnings.`,
 				cm, err = readConfigMapFile(file)
 				source = file
 			} else {
-				liveRead, err = liveClient(kubeconfig)
+				liveRead, err = kubeClient(kubeconfig)
 				if err == nil {
 					cm, err = liveConfigMap(ctx, liveRead, namespace)
 					source = "configmap " + namespace + "/"
@@ -147,12 +147,13 @@ func readConfigMapFile(path string) (*corev1.ConfigMap, error) {
 	return labelled[0], nil
 }
 
-func liveClient(kubeconfig string) (client.Reader, error) {
+// kubeClient reaches the cluster: in-cluster when berth runs in a pod, else through kubeconfig.
+func kubeClient(kubeconfig string) (client.Client, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	restConfig, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
-		return nil, fmt.Errorf("no cluster to read the config from (use -f FILE for a file): %w", err)
+		return nil, fmt.Errorf("no cluster to talk to (in-cluster config, --kubeconfig, $KUBECONFIG or ~/.kube/config): %w", err)
 	}
 	return client.New(restConfig, client.Options{Scheme: kubescheme.New()})
 }

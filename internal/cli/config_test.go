@@ -14,11 +14,16 @@ import (
 
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
 var cp *controlplane.ControlPlane
 
-func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
+func TestMain(m *testing.M) {
+	code := controlplane.RunTests(m, &cp)
+	sshhosts.CloseShared()
+	os.Exit(code)
+}
 
 // berth runs the CLI in-process with args and returns what it printed and its error.
 func berth(t *testing.T, args ...string) (string, error) {

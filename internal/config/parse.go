@@ -280,7 +280,7 @@ func (p *parser) parseDynamic() {
 			}
 		}
 		if d.SudoCommands != "" {
-			if err := checkSudoCommands(d.SudoCommands); err != nil {
+			if _, err := ParseSudoCommands(d.SudoCommands); err != nil {
 				fail("sudo-commands", "%v", err)
 			}
 		}
@@ -416,13 +416,16 @@ func checkHostKey(key string) error {
 // literally, and shell or sudoers syntax in them would widen what a build may run as root.
 var sudoCommandRE = regexp.MustCompile(`^/[-A-Za-z0-9_./]+( [-A-Za-z0-9_./=:@+]+)*$`)
 
-func checkSudoCommands(list string) error {
-	for _, cmd := range splitList(list) {
+// ParseSudoCommands splits a comma list of sudo commands and checks each; provisioning uses it
+// again on the SUDO_COMMANDS param, whatever the config said.
+func ParseSudoCommands(list string) ([]string, error) {
+	cmds := splitList(list)
+	for _, cmd := range cmds {
 		if !sudoCommandRE.MatchString(cmd) {
-			return fmt.Errorf("%q is not allowed: each sudo command must be an absolute path with plain arguments (letters, digits, - _ . / = : @ +), separated by commas", cmd)
+			return nil, fmt.Errorf("sudo command %q is not allowed: each must be an absolute path with plain arguments (letters, digits, - _ . / = : @ +), separated by commas", cmd)
 		}
 	}
-	return nil
+	return cmds, nil
 }
 
 // splitList splits a comma list, trimming spaces and dropping empty entries.

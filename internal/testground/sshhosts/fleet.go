@@ -203,3 +203,48 @@ func (f *Fleet) LogTails(t testing.TB, lines int) {
 		t.Logf("%s: end of %s:\n%s", h.Name, h.LogPath, h.LogTail(lines))
 	}
 }
+
+var sharedHosts struct {
+	sync.Mutex
+	fleet *Fleet
+	err   error
+}
+
+// Shared returns one fleet of n hosts for the whole test binary, started on first use, so the
+// tests of a package pay for starting hosts once. Call CloseShared from TestMain after m.Run.
+// Tests sharing hosts must not leave state on them that another test would trip over.
+func Shared(t testing.TB, n int) *Fleet {
+	t.Helper()
+	sharedHosts.Lock()
+	defer sharedHosts.Unlock()
+	if sharedHosts.fleet == nil && sharedHosts.err == nil {
+		if sharedHosts.err = Prerequisites(); sharedHosts.err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			sharedHosts.fleet, sharedHosts.err = Start(ctx, n)
+			cancel()
+		}
+	}
+	if sharedHosts.err != nil {
+		skipOrFail(t, sharedHosts.err)
+	}
+	f := sharedHosts.fleet
+	if len(f.Hosts) < n {
+		t.Fatalf("the shared fleet has %d hosts, this test wants %d", len(f.Hosts), n)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.LogTails(t, 30) // a refused login explains itself in sshd's log
+		}
+	})
+	return f
+}
+
+// CloseShared stops the fleet Shared started, if any.
+func CloseShared() {
+	sharedHosts.Lock()
+	defer sharedHosts.Unlock()
+	if sharedHosts.fleet != nil {
+		_ = sharedHosts.fleet.Close()
+		sharedHosts.fleet = nil
+	}
+}

@@ -269,6 +269,19 @@ func (h *Host) launchScript() string {
 	b.WriteString("set -e\n")
 	fmt.Fprintf(&b, "hostname %s\n", h.Name)
 	b.WriteString("mount --bind etc /etc\n")
+	// berth keeps its own state under /var/lib/berth. The rest of /var/lib stays this
+	// machine's: each entry is bind-mounted into a private /var/lib that adds an empty berth
+	// directory, all inside the host's mount namespace, so the machine itself is untouched.
+	b.WriteString(`mkdir -p varlib/berth
+for e in /var/lib/*; do
+	[ -e "$e" ] || continue
+	n=${e##*/}
+	[ "$n" = berth ] && continue
+	if [ -d "$e" ]; then mkdir -p "varlib/$n"; else : > "varlib/$n"; fi
+	mount --bind "$e" "varlib/$n"
+done
+mount --bind varlib /var/lib
+`)
 	for _, m := range privateMounts {
 		if _, err := os.Stat(filepath.Join(h.Dir, m.source)); err != nil {
 			continue
@@ -432,7 +445,12 @@ func (h *Host) Dial(ctx context.Context, user string, signer ssh.Signer) (*ssh.C
 // Run runs command as root with the fleet's admin key and returns its stdout. A failing
 // command's error carries its stderr.
 func (h *Host) Run(ctx context.Context, command string) (string, error) {
-	client, err := h.Dial(ctx, "root", h.admin)
+	return h.RunAs(ctx, "root", h.admin, command)
+}
+
+// RunAs runs command as user, logging in with signer.
+func (h *Host) RunAs(ctx context.Context, user string, signer ssh.Signer, command string) (string, error) {
+	client, err := h.Dial(ctx, user, signer)
 	if err != nil {
 		return "", err
 	}

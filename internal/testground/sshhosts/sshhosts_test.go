@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,49 +20,15 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// The package's tests share one fleet of two hosts; the tests that need a fleet of their own
-// (Close, leftovers) start a small one.
-var (
-	sharedOnce sync.Once
-	shared     *Fleet
-	sharedErr  error
-	prereqErr  error
-)
-
+// The package's tests share one fleet of two hosts (Shared); the tests that need a fleet of
+// their own (Close, leftovers) start a small one.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if shared != nil {
-		if err := shared.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "closing the shared test hosts: %v\n", err)
-			code = 1
-		}
-	}
+	CloseShared()
 	os.Exit(code)
 }
 
-func sharedFleet(t *testing.T) *Fleet {
-	t.Helper()
-	sharedOnce.Do(func() {
-		if prereqErr = Prerequisites(); prereqErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		shared, sharedErr = Start(ctx, 2)
-	})
-	if prereqErr != nil {
-		skipOrFail(t, prereqErr)
-	}
-	if sharedErr != nil {
-		t.Fatal(sharedErr)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			shared.LogTails(t, 30)
-		}
-	})
-	return shared
-}
+func sharedFleet(t *testing.T) *Fleet { return Shared(t, 2) }
 
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -440,4 +405,21 @@ func TestLeftoversOfDeadOwnerAreReclaimed(t *testing.T) {
 		}
 	}
 	t.Logf("slot %d cleared; this fleet got slot %d", slot, f.Hosts[0].Slot)
+}
+
+func TestVarLibBerthIsPrivateToEachHost(t *testing.T) {
+	f := sharedFleet(t)
+	ctx := testContext(t)
+	if _, err := f.Hosts[0].Run(ctx, "mkdir -p /var/lib/berth/users && echo mine > /var/lib/berth/users/probe"); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := f.Hosts[1].Run(ctx, "cat /var/lib/berth/users/probe 2>/dev/null || echo absent"); strings.TrimSpace(out) != "absent" {
+		t.Fatalf("host 2 sees host 1's /var/lib/berth: %q", out)
+	}
+	if _, err := os.Stat("/var/lib/berth"); !os.IsNotExist(err) {
+		t.Fatalf("/var/lib/berth appeared on this machine (stat: %v)", err)
+	}
+	if out, err := f.Hosts[0].Run(ctx, "test -d /var/lib/dpkg && echo shared"); err != nil || strings.TrimSpace(out) != "shared" {
+		t.Fatalf("the rest of /var/lib must stay visible on hosts: %q %v", out, err)
+	}
 }

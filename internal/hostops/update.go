@@ -1,0 +1,166 @@
+package hostops
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-ci/berth/internal/remote"
+)
+
+// UpdateRequest is the periodic maintenance of one static host.
+type UpdateRequest struct {
+	Target remote.Target
+	// DiskPath is where builds write (the build users' homes); "/home" if empty.
+	DiskPath string
+	// MinFreeBytes below which the host is unhealthy.
+	MinFreeBytes uint64
+	// StaleAfter is the age after which a build user whose TaskRun is gone is removed.
+	StaleAfter time.Duration
+	// TaskRunExists tells whether a build user's TaskRun still exists. Users are removed only
+	// when it says no; nil keeps every user.
+	TaskRunExists func(ctx context.Context, namespace, name string) (bool, error)
+	// MaintenanceCommand, if set, runs as the admin user; failing makes the host unhealthy.
+	MaintenanceCommand string
+}
+
+// Report is the outcome of an update: whether the host may take builds, and why not.
+type Report struct {
+	Healthy    bool
+	Reason     string
+	FreeBytes  uint64
+	TotalBytes uint64
+	Removed    []string // stale build users removed
+}
+
+// Update checks that the host is reachable and has disk to spare, removes stale build users,
+// and runs the maintenance command. An unreachable host is a report, not an error: it is the
+// health check's answer.
+func Update(ctx context.Context, req UpdateRequest) Report {
+	path := req.DiskPath
+	if path == "" {
+		path = "/home"
+	}
+	client, err := remote.Dial(ctx, req.Target)
+	if err != nil {
+		return Report{Reason: err.Error()}
+	}
+	defer client.Close()
+	line, err := asRoot(req.Target, inspectScript, path)
+	if err != nil {
+		return Report{Reason: err.Error()}
+	}
+	out, err := client.Run(ctx, "inspecting the host", line, nil)
+	if err != nil {
+		return Report{Reason: err.Error()}
+	}
+	inv, err := parseInventory(out)
+	if err != nil {
+		return Report{Reason: fmt.Sprintf("host %s: %v", req.Target.Address, err)}
+	}
+	report := Report{Healthy: true, FreeBytes: inv.free, TotalBytes: inv.total}
+	var reasons []string
+	if inv.free < req.MinFreeBytes {
+		reasons = append(reasons, fmt.Sprintf("only %s free on %s of host %s, less than the %s required",
+			humanBytes(inv.free), path, req.Target.Address, humanBytes(req.MinFreeBytes)))
+	}
+	for _, u := range inv.users {
+		if !userNameRE.MatchString(u.name) || u.owner == "" || req.TaskRunExists == nil || inv.now.Sub(u.since) < req.StaleAfter {
+			continue
+		}
+		ns, name, ok := strings.Cut(u.owner, "/")
+		if !ok {
+			continue
+		}
+		exists, err := req.TaskRunExists(ctx, ns, name)
+		if err != nil || exists {
+			continue // when in doubt, keep: a live build must never lose its user
+		}
+		if err := clean(ctx, client, req.Target, u.name); err != nil {
+			reasons = append(reasons, fmt.Sprintf("could not remove stale user %s: %v", u.name, err))
+			continue
+		}
+		report.Removed = append(report.Removed, u.name)
+	}
+	if req.MaintenanceCommand != "" {
+		if _, err := client.Run(ctx, "the maintenance command", req.MaintenanceCommand, nil); err != nil {
+			reasons = append(reasons, err.Error())
+		}
+	}
+	if len(reasons) > 0 {
+		report.Healthy, report.Reason = false, strings.Join(reasons, "; ")
+	}
+	return report
+}
+
+type buildUser struct {
+	name  string
+	since time.Time
+	owner string // namespace/name of its TaskRun, if recorded
+}
+
+type inventory struct {
+	free, total uint64
+	users       []buildUser
+	now         time.Time // the host's clock, against which ages are measured
+}
+
+func parseInventory(out []byte) (inventory, error) {
+	var inv inventory
+	sawDisk := false
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "disk":
+			if len(f) != 3 {
+				return inv, fmt.Errorf("unreadable disk report %q", sc.Text())
+			}
+			total, err1 := strconv.ParseUint(f[1], 10, 64)
+			free, err2 := strconv.ParseUint(f[2], 10, 64)
+			if err1 != nil || err2 != nil {
+				return inv, fmt.Errorf("unreadable disk report %q", sc.Text())
+			}
+			inv.total, inv.free, sawDisk = total, free, true
+		case "user":
+			if len(f) < 3 {
+				continue
+			}
+			secs, _ := strconv.ParseInt(f[2], 10, 64)
+			u := buildUser{name: f[1], since: time.Unix(secs, 0)}
+			if len(f) > 3 {
+				u.owner = f[3]
+			}
+			inv.users = append(inv.users, u)
+		case "now":
+			if len(f) == 2 {
+				secs, _ := strconv.ParseInt(f[1], 10, 64)
+				inv.now = time.Unix(secs, 0)
+			}
+		}
+	}
+	if !sawDisk {
+		return inv, fmt.Errorf("the host reported no disk usage (df failed?)")
+	}
+	return inv, nil
+}
+
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

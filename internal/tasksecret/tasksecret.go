@@ -1,0 +1,83 @@
+// Package tasksecret builds the secret a user task waits for, multi-platform-ssh-<taskrun>,
+// in exactly the shapes of the contract: success with a host, local, or an error a person
+// can act on. Every path of berth ends in one of these, because the secret is the only thing
+// that lets the task's pod start.
+package tasksecret
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+const (
+	// Prefix of the secret's name; the rest is the TaskRun's name.
+	Prefix = "multi-platform-ssh-"
+	// Label is on every secret berth creates, so caches and cleanups can select them.
+	Label = "build.appstudio.redhat.com/multi-platform-secret"
+)
+
+// Name is the secret a TaskRun mounts.
+func Name(taskRun string) string { return Prefix + taskRun }
+
+// Owner is the user TaskRun the secret belongs to; the secret goes when it goes.
+type Owner struct {
+	Name, Namespace string
+	UID             types.UID
+}
+
+// ForHost is the success secret: the per-task user's key, user@address and build directory.
+func ForHost(owner Owner, secretName, host, userDir string, privateKey []byte) *corev1.Secret {
+	return build(owner, secretName, map[string][]byte{"id_rsa": privateKey, "host": []byte(host), "user-dir": []byte(userDir)})
+}
+
+// ForLocal tells the task to build where it runs.
+func ForLocal(owner Owner) *corev1.Secret {
+	return build(owner, Name(owner.Name), map[string][]byte{"host": []byte("localhost")})
+}
+
+// ForError carries a message the task prints before it exits, instead of waiting forever.
+func ForError(owner Owner, message string) *corev1.Secret {
+	return build(owner, Name(owner.Name), map[string][]byte{"error": []byte(message)})
+}
+
+func build(owner Owner, name string, data map[string][]byte) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: owner.Namespace,
+			Labels:    map[string]string{Label: "true"},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "tekton.dev/v1", Kind: "TaskRun", Name: owner.Name, UID: owner.UID,
+			}},
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: data,
+	}
+}
+
+// Apply creates the secret, or replaces the data of one left by an earlier attempt (a retried
+// provision has made a new key; the old one no longer works).
+func Apply(ctx context.Context, c client.Client, s *corev1.Secret) error {
+	err := c.Create(ctx, s)
+	if !apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return fmt.Errorf("creating secret %s/%s: %w", s.Namespace, s.Name, err)
+		}
+		return nil
+	}
+	var existing corev1.Secret
+	if err := c.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
+		return fmt.Errorf("reading secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	existing.Data, existing.Labels, existing.OwnerReferences = s.Data, s.Labels, s.OwnerReferences
+	if err := c.Update(ctx, &existing); err != nil {
+		return fmt.Errorf("updating secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return nil
+}
