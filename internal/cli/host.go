@@ -52,7 +52,17 @@ func (f *hostFlags) register(cmd *cobra.Command) {
 	_ = cmd.MarkFlagRequired("user")
 }
 
-// target builds the login, reading the admin key and choosing the host key policy.
+// login reaches the cluster and builds the host login: the admin key and the host key policy
+// (pinned, or the key recorded at first contact).
+func (f *hostFlags) login() (client.Client, remote.Target, []byte, error) {
+	c, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return nil, remote.Target{}, nil, err
+	}
+	target, key, err := f.target(c)
+	return c, target, key, err
+}
+
 func (f *hostFlags) target(c client.Client) (remote.Target, []byte, error) {
 	keyPEM, err := os.ReadFile(f.keyFile)
 	if err != nil {
@@ -91,11 +101,11 @@ pre-made build user, and the task gets that user, its key and a directory of its
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			c, err := kubeClient(hf.kubeconfig)
-			if err != nil {
+			if err := hostops.ValidateTaskRunRef(namespace, taskRun); err != nil {
 				return err
 			}
-			if err := hostops.ValidateTaskRunRef(namespace, taskRun); err != nil {
+			c, target, adminKey, err := hf.login()
+			if err != nil {
 				return err
 			}
 			var tr pipelinev1.TaskRun
@@ -103,10 +113,6 @@ pre-made build user, and the task gets that user, its key and a directory of its
 				if apierrors.IsNotFound(err) {
 					return fmt.Errorf("TaskRun %s/%s is gone; nothing to provision", namespace, taskRun)
 				}
-				return err
-			}
-			target, adminKey, err := hf.target(c)
-			if err != nil {
 				return err
 			}
 			p, err := hostops.Provision(ctx, hostops.ProvisionRequest{
@@ -158,11 +164,7 @@ func newHostCleanCommand() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s uses a pre-made build user; nothing to remove\n", platform)
 				return nil
 			}
-			c, err := kubeClient(hf.kubeconfig)
-			if err != nil {
-				return err
-			}
-			target, _, err := hf.target(c)
+			_, target, _, err := hf.login()
 			if err != nil {
 				return err
 			}
@@ -204,11 +206,7 @@ the answer.`,
 			if err != nil {
 				return fmt.Errorf("--min-free-disk %q: %w", minFree, err)
 			}
-			c, err := kubeClient(hf.kubeconfig)
-			if err != nil {
-				return err
-			}
-			target, _, err := hf.target(c)
+			c, target, _, err := hf.login()
 			if err != nil {
 				return err
 			}
