@@ -1,0 +1,239 @@
+package allocation
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func task(n int) Task { return Task{Namespace: "ns", Name: fmt.Sprintf("t%02d", n)} }
+
+func req(n int, exclude ...string) Request {
+	return Request{Task: task(n), Platform: "linux/s390x", Created: t0.Add(time.Duration(n) * time.Second), Exclude: exclude}
+}
+
+func threeHosts() *Ledger {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 2}, {"b", "linux/s390x", 1}, {"c", "linux/s390x", 2}, {"p", "linux/ppc64le", 1}})
+	return l
+}
+
+func TestMostFreeSlotsWinsTiesByName(t *testing.T) {
+	l := threeHosts()
+	var got []string
+	for i := range 5 {
+		got = append(got, l.Acquire(req(i)).Host)
+	}
+	// a(2) and c(2) tie → a; then c has 2 → c; then a, b, c tie at 1 → a; then b, c → b; then c.
+	want := []string{"a", "c", "a", "b", "c"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("hosts %v, want %v", got, want)
+	}
+	if g := l.Acquire(req(5)); g.Host != "" || g.Position != 1 {
+		t.Fatalf("a sixth task must wait first in line, got %+v", g)
+	}
+	if g := l.Acquire(req(0)); g.Host != "a" {
+		t.Fatalf("asking again must return the held host, got %+v", g)
+	}
+}
+
+func TestQueueIsFirstCreatedFirstServed(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.Acquire(req(0))
+	// Tasks arrive out of creation order; the queue orders them by creation.
+	for _, n := range []int{3, 1, 2} {
+		if g := l.Acquire(req(n)); g.Host != "" {
+			t.Fatalf("task %d got %s while the host is full", n, g.Host)
+		}
+	}
+	if g := l.Acquire(req(3)); g.Position != 3 {
+		t.Fatalf("position of the youngest = %d, want 3", g.Position)
+	}
+	for _, next := range []int{1, 2, 3} {
+		holder := map[int]int{1: 0, 2: 1, 3: 2}[next]
+		wake := l.Release(task(holder))
+		if len(wake) != 1 || wake[0] != task(next) {
+			t.Fatalf("releasing t%02d woke %v, want t%02d", holder, wake, next)
+		}
+		// A younger task asking first must not jump the queue.
+		if next < 3 {
+			if g := l.Acquire(req(3)); g.Host != "" {
+				t.Fatalf("t03 took the slot promised to t%02d", next)
+			}
+		}
+		if g := l.Acquire(req(next)); g.Host != "a" {
+			t.Fatalf("t%02d did not get the freed slot: %+v", next, g)
+		}
+	}
+}
+
+func TestExcludedWaiterDoesNotBlockTheQueue(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 1}, {"b", "linux/s390x", 1}})
+	l.Acquire(req(0))
+	l.Acquire(req(1))
+	l.Acquire(req(2, "a")) // failed on a before
+	l.Acquire(req(3))
+	wake := l.Release(task(0)) // a frees: t02 cannot use it, t03 can
+	if len(wake) != 1 || wake[0] != task(3) {
+		t.Fatalf("woke %v, want t03", wake)
+	}
+	if g := l.Acquire(req(3)); g.Host != "a" {
+		t.Fatalf("t03 = %+v, want a", g)
+	}
+	if g := l.Acquire(req(2, "a")); g.Host != "" || g.Position != 1 {
+		t.Fatalf("t02 = %+v, want to keep waiting, first", g)
+	}
+}
+
+func TestTaskExcludedFromEveryHostIsBlocked(t *testing.T) {
+	l := threeHosts()
+	if g := l.Acquire(req(0, "a", "b", "c")); !g.Blocked || g.Host != "" {
+		t.Fatalf("want Blocked, got %+v", g)
+	}
+	if n := l.Waiting()["linux/s390x"]; n != 0 {
+		t.Fatalf("a blocked task must not stay queued, %d waiting", n)
+	}
+}
+
+func TestRemovedHostKeepsItsTasksButTakesNoNewOnes(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 1}, {"b", "linux/s390x", 1}})
+	l.Acquire(req(0)) // a
+	l.SetHosts([]Host{{"b", "linux/s390x", 1}})
+	if h, _ := l.Holder(task(0)); h != "a" {
+		t.Fatal("removing a host from the config dropped the task running there")
+	}
+	if g := l.Acquire(req(1)); g.Host != "b" {
+		t.Fatalf("got %+v, want b", g)
+	}
+	if g := l.Acquire(req(2)); g.Host != "" {
+		t.Fatalf("the removed host took a new task: %+v", g)
+	}
+	l.Release(task(0))
+	for _, u := range l.Usage() {
+		if u.Host == "a" {
+			t.Fatal("a retired host stays in the ledger after its last task")
+		}
+	}
+}
+
+func TestRestoreRebuildsHoldersEvenBeyondCapacity(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.Restore(task(0), "a", "linux/s390x")
+	l.Restore(task(1), "a", "linux/s390x") // the config shrank while both ran
+	if g := l.Acquire(req(2)); g.Host != "" {
+		t.Fatalf("an over-full host took more: %+v", g)
+	}
+	if wake := l.Release(task(0)); len(wake) != 0 {
+		t.Fatalf("one release of an over-full host must free nothing, woke %v", wake)
+	}
+	if wake := l.Release(task(1)); len(wake) != 1 {
+		t.Fatalf("the second release frees the slot, woke %v", wake)
+	}
+}
+
+func TestQuarantinedHostTakesNoTasksUntilReleased(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 2}})
+	l.Quarantine("a", true)
+	if g := l.Acquire(req(0)); g.Host != "" {
+		t.Fatalf("a quarantined host took a task: %+v", g)
+	}
+	if wake := l.Quarantine("a", false); len(wake) != 1 || wake[0] != task(0) {
+		t.Fatalf("lifting the quarantine woke %v", wake)
+	}
+}
+
+func TestWaiterThatLeavesFreesItsTurn(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.Acquire(req(0))
+	l.Acquire(req(1))
+	l.Acquire(req(2))
+	l.Release(task(1)) // t01 was deleted while waiting
+	if wake := l.Release(task(0)); len(wake) != 1 || wake[0] != task(2) {
+		t.Fatalf("woke %v, want t02", wake)
+	}
+}
+
+// Many goroutines acquire and release at random; no host ever holds more than its capacity,
+// and every task is eventually served.
+func TestConcurrentUseNeverOvercommits(t *testing.T) {
+	l := New()
+	hosts := []Host{{"a", "linux/s390x", 2}, {"b", "linux/s390x", 2}, {"c", "linux/s390x", 2}}
+	l.SetHosts(hosts)
+	const tasks = 300
+	var wg sync.WaitGroup
+	served := make(chan Task, tasks)
+	for i := range tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				g := l.Acquire(req(i))
+				if g.Host != "" {
+					for _, u := range l.Usage() {
+						if u.Used > u.Capacity {
+							t.Errorf("host %s holds %d of %d", u.Host, u.Used, u.Capacity)
+						}
+					}
+					time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+					served <- task(i)
+					l.Release(task(i))
+					return
+				}
+				time.Sleep(50 * time.Microsecond)
+			}
+		}()
+	}
+	wg.Wait()
+	close(served)
+	if len(served) != tasks {
+		t.Fatalf("served %d of %d", len(served), tasks)
+	}
+	if w := l.Waiting(); len(w) != 0 {
+		t.Fatalf("waiters left: %v", w)
+	}
+}
+
+// BenchmarkHandOver measures one slot changing hands on a busy platform: a task releases its
+// slot, the oldest of 100 waiters is woken and claims it, and the finished task's name comes
+// back as a new task at the end of the queue. 50 hosts x 4 slots, all busy.
+func BenchmarkHandOver(b *testing.B) {
+	l := New()
+	var hosts []Host
+	for i := range 50 {
+		hosts = append(hosts, Host{fmt.Sprintf("h%02d", i), "linux/s390x", 4})
+	}
+	l.SetHosts(hosts)
+	var holders []Task
+	for i := range 300 {
+		if g := l.Acquire(req(i)); g.Host != "" {
+			holders = append(holders, task(i))
+		}
+	}
+	created := t0.Add(time.Hour)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		done := holders[i%len(holders)]
+		wake := l.Release(done)
+		if len(wake) != 1 {
+			b.Fatalf("a release woke %d waiters, want 1", len(wake))
+		}
+		next := wake[0]
+		if g := l.Acquire(Request{Task: next, Platform: "linux/s390x"}); g.Host == "" {
+			b.Fatalf("the woken waiter got no slot: %+v", g)
+		}
+		holders[i%len(holders)] = next
+		created = created.Add(time.Second)
+		l.Acquire(Request{Task: done, Platform: "linux/s390x", Created: created})
+	}
+}
