@@ -38,6 +38,9 @@ type Request struct {
 type Grant struct {
 	// Host is the host reserved for the task; empty when it must wait.
 	Host string
+	// Held is set when the task held Host before this call: the reservation is an earlier
+	// one's, and only the caller that made it may take it back when recording it fails.
+	Held bool
 	// Position is the task's place in its platform's queue (1 = next), when it waits.
 	Position int
 	// Blocked is set when no host of the platform could ever take the task: every one is
@@ -75,7 +78,6 @@ type waiter struct {
 	task    Task
 	created time.Time
 	exclude []string
-	since   time.Time
 }
 
 // Ledger holds slots and queues.
@@ -84,12 +86,11 @@ type Ledger struct {
 	hosts   map[string]*hostState
 	holders map[Task]string
 	queues  map[string][]*waiter // platform → waiters, oldest first
-	now     func() time.Time
 }
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string][]*waiter{}, now: time.Now}
+	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string][]*waiter{}}
 }
 
 // SetHosts replaces the configured hosts. A host no longer configured is retired: it takes no
@@ -137,6 +138,16 @@ func (l *Ledger) Restore(task Task, host, platform string) {
 	l.holders[task] = host
 }
 
+// Enqueue puts a task in its platform's queue without serving it: how a restarted controller
+// restores the queue from the TaskRuns labelled as waiting, before anything is allocated.
+func (l *Ledger) Enqueue(req Request) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.holders[req.Task]; !ok {
+		l.enqueue(req)
+	}
+}
+
 // Quarantine takes a host out of (or back into) service; its running tasks stay.
 func (l *Ledger) Quarantine(host string, on bool) []Task {
 	l.mu.Lock()
@@ -159,7 +170,7 @@ func (l *Ledger) Acquire(req Request) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if host, ok := l.holders[req.Task]; ok {
-		return Grant{Host: host}
+		return Grant{Host: host, Held: true}
 	}
 	l.enqueue(req)
 	if l.excludedEverywhere(req.Platform, req.Exclude) {
@@ -232,20 +243,6 @@ func (l *Ledger) Waiting() map[string]int {
 	return out
 }
 
-// WaitingSince returns when the task entered its queue.
-func (l *Ledger) WaitingSince(task Task) (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, q := range l.queues {
-		for _, w := range q {
-			if w.task == task {
-				return w.since, true
-			}
-		}
-	}
-	return time.Time{}, false
-}
-
 // Usage reports every host's occupancy, sorted by name.
 func (l *Ledger) Usage() []Usage {
 	l.mu.Lock()
@@ -272,7 +269,7 @@ func (l *Ledger) enqueue(req Request) {
 			return
 		}
 	}
-	w := &waiter{task: req.Task, created: req.Created, exclude: slices.Clone(req.Exclude), since: l.now()}
+	w := &waiter{task: req.Task, created: req.Created, exclude: slices.Clone(req.Exclude)}
 	i := sort.Search(len(q), func(i int) bool { return older(w, q[i]) })
 	l.queues[req.Platform] = slices.Insert(q, i, w)
 }

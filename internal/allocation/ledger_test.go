@@ -36,8 +36,8 @@ func TestMostFreeSlotsWinsTiesByName(t *testing.T) {
 	if g := l.Acquire(req(5)); g.Host != "" || g.Position != 1 {
 		t.Fatalf("a sixth task must wait first in line, got %+v", g)
 	}
-	if g := l.Acquire(req(0)); g.Host != "a" {
-		t.Fatalf("asking again must return the held host, got %+v", g)
+	if g := l.Acquire(req(0)); g.Host != "a" || !g.Held {
+		t.Fatalf("asking again must return the held host, marked held, got %+v", g)
 	}
 }
 
@@ -235,5 +235,21 @@ func BenchmarkHandOver(b *testing.B) {
 		holders[i%len(holders)] = next
 		created = created.Add(time.Second)
 		l.Acquire(Request{Task: done, Platform: "linux/s390x", Created: created})
+	}
+}
+
+func TestEnqueuedWaitersKeepTheirTurnAfterARestart(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	// Restored: t00 holds a, t01 and t02 were waiting.
+	l.Restore(task(0), "a", "linux/s390x")
+	l.Enqueue(req(2))
+	l.Enqueue(req(1))
+	l.Release(task(0))
+	if g := l.Acquire(req(5)); g.Host != "" || g.Position != 3 {
+		t.Fatalf("a task first seen after the restart jumped the restored queue: %+v", g)
+	}
+	if g := l.Acquire(req(1)); g.Host != "a" {
+		t.Fatalf("the oldest restored waiter did not get the slot: %+v", g)
 	}
 }

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -12,7 +14,7 @@ import (
 )
 
 func newDevCommand() *cobra.Command {
-	opts := devstack.Options{}
+	opts := devstack.Options{HostStep: runHostStep}
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the local stack: control plane, SSH hosts and a Tekton stand-in (make run)",
@@ -45,4 +47,14 @@ Needs the binaries of 'make testbin' and, for hosts, root and openssh-server.`,
 	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none)")
 	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
 	return cmd
+}
+
+// runHostStep runs `berth host ...` in this process: how the dev stack's Tekton stand-in
+// executes the provision, clean and update TaskRuns with berth's own code.
+func runHostStep(ctx context.Context, args []string) error {
+	cmd := NewRootCommand()
+	cmd.SetArgs(args)
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard) // the error is returned and becomes the TaskRun's message
+	return cmd.ExecuteContext(ctx)
 }

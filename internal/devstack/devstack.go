@@ -13,11 +13,14 @@ import (
 	"path/filepath"
 	"strings"
 
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
@@ -36,6 +39,14 @@ type Options struct {
 	StateDir string
 	// Hosts is how many SSH hosts to start; 0 starts none.
 	Hosts int
+	// HostStep runs `berth host ...` with args in this process; the stand-in executes the
+	// provision, clean and update TaskRuns through it. The cli package passes its root
+	// command (this package cannot import it).
+	HostStep func(ctx context.Context, args []string) error
+	// RunScripts selects the user TaskRuns whose step scripts the stand-in runs.
+	RunScripts func(*pipelinev1.TaskRun) bool
+	// StepOutput, if set, receives the output of the step scripts the stand-in runs.
+	StepOutput io.Writer
 }
 
 // Stack is a running local stack.
@@ -48,9 +59,10 @@ type Stack struct {
 	AdminKeyPath   string
 	KnownHostsPath string
 
-	stopStandIn context.CancelFunc
-	standInDone chan error
-	files       []string
+	stopStandIn    context.CancelFunc
+	standInDone    chan error
+	stopController func() error
+	files          []string
 }
 
 // Up starts the stack. On error, whatever it had started is stopped again.
@@ -86,6 +98,9 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 	if err = s.ControlPlane.EnsureNamespace(ctx, Namespace); err != nil {
 		return s, err
 	}
+	if err = install(ctx, s.ControlPlane.Client); err != nil {
+		return s, fmt.Errorf("installing berth's manifests: %w", err)
+	}
 
 	if opts.Hosts > 0 {
 		if s.Fleet, err = sshhosts.Start(ctx, opts.Hosts); err != nil {
@@ -98,9 +113,22 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 
 	s.StandIn = tektonstandin.New(tektonstandin.Options{
 		Scheme:     controlplane.Scheme(),
-		RunScripts: os.Geteuid() == 0,
+		RunScripts: opts.RunScripts,
 		WorkDir:    filepath.Join(stateDir, "tekton"),
+		StepOutput: opts.StepOutput,
 	})
+	if opts.HostStep != nil {
+		hostStepKubeconfig := filepath.Join(stateDir, "host-tasks.kubeconfig")
+		if err = s.serviceAccountKubeconfig(hostStepKubeconfig, HostTaskServiceAccount); err != nil {
+			return s, err
+		}
+		step := s.StandIn.StepCommand(func(ctx context.Context, args []string) error {
+			return opts.HostStep(ctx, append(args, "--kubeconfig", hostStepKubeconfig, "--known-hosts-namespace", Namespace))
+		})
+		for _, taskType := range []string{contract.TaskTypeProvision, contract.TaskTypeClean, contract.TaskTypeUpdate} {
+			s.StandIn.Register(taskType, step)
+		}
+	}
 	standInCtx, cancel := context.WithCancel(context.Background())
 	s.stopStandIn, s.standInDone = cancel, make(chan error, 1)
 	go func() { s.standInDone <- s.StandIn.Start(standInCtx, s.ControlPlane.Config) }()
@@ -140,9 +168,42 @@ func (s *Stack) writeFile(path string, data []byte) error {
 	return nil
 }
 
+// StartController runs berth's controller as ServiceAccount berth-controller, held to the
+// RBAC of config/rbac.
+func (s *Stack) StartController(o controller.Options) error {
+	if s.stopController != nil {
+		return errors.New("the controller is already running")
+	}
+	o.Namespace = Namespace
+	o.Restartable = true
+	mgr, err := controller.New(s.ControlPlane.ConfigFor(Namespace, ControllerServiceAccount), o)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	s.stopController = func() error {
+		cancel()
+		return <-done
+	}
+	return nil
+}
+
+// StopController stops the controller, as a crash or a rollout would.
+func (s *Stack) StopController() error {
+	if s.stopController == nil {
+		return nil
+	}
+	err := s.stopController()
+	s.stopController = nil
+	return err
+}
+
 // Down stops everything Up started, in reverse order, and removes the files it wrote.
 func (s *Stack) Down() error {
 	var errs []error
+	errs = append(errs, s.StopController())
 	if s.stopStandIn != nil {
 		s.stopStandIn()
 		if err := <-s.standInDone; err != nil && !errors.Is(err, context.Canceled) {

@@ -64,11 +64,12 @@ fi
 rm -f "/var/lib/berth/users/$user"
 `
 
-// inspectScript reports free disk at $1 and every build user with when it was made and for
+// inspectScript reports the size and free space (in KiB) of the disk at $1 and every build user with when it was made and for
 // which TaskRun, in lines of "key value...".
 const inspectScript = `set -u
 path=$1
-df -Pk "$path" | awk 'NR==2 {printf "disk %d %d\n", $2*1024, $4*1024}'
+# Kilobytes as df prints them: awk's arithmetic and printf %d overflow past 2 GiB on mawk.
+df -Pk "$path" | awk 'NR==2 {print "disk", $2, $4}'
 getent passwd | while IFS=: read -r name _ _ _ _ home _; do
 	case "$name" in u-*) ;; *) continue ;; esac
 	marker="/var/lib/berth/users/$name"

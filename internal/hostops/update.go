@@ -123,12 +123,12 @@ func parseInventory(out []byte) (inventory, error) {
 			if len(f) != 3 {
 				return inv, fmt.Errorf("unreadable disk report %q", sc.Text())
 			}
-			total, err1 := strconv.ParseUint(f[1], 10, 64)
-			free, err2 := strconv.ParseUint(f[2], 10, 64)
+			totalKiB, err1 := strconv.ParseUint(f[1], 10, 64)
+			freeKiB, err2 := strconv.ParseUint(f[2], 10, 64)
 			if err1 != nil || err2 != nil {
 				return inv, fmt.Errorf("unreadable disk report %q", sc.Text())
 			}
-			inv.total, inv.free, sawDisk = total, free, true
+			inv.total, inv.free, sawDisk = totalKiB*1024, freeKiB*1024, true
 		case "user":
 			if len(f) < 3 {
 				continue

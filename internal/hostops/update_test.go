@@ -3,6 +3,7 @@ package hostops
 import (
 	"context"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +31,16 @@ func TestUpdateReportsAFullDisk(t *testing.T) {
 	ok := Update(ctx, UpdateRequest{Target: adminTarget(f, h), DiskPath: "/home", MinFreeBytes: 1 << 20})
 	if !ok.Healthy || ok.Reason != "" {
 		t.Fatalf("a host with room must be healthy: %+v", ok)
+	}
+	// The host's /home is a directory on this machine's disk: both must see the same space,
+	// however large (a 32-bit overflow once reported every disk as 2 GiB).
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(h.HomeDir, &st); err != nil {
+		t.Fatal(err)
+	}
+	total := st.Blocks * uint64(st.Bsize)
+	if diff := int64(ok.TotalBytes) - int64(total); diff < -int64(total/100) || diff > int64(total/100) {
+		t.Fatalf("the host reports a %d-byte disk, this machine sees %d bytes", ok.TotalBytes, total)
 	}
 }
 

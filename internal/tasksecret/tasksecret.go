@@ -13,13 +13,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/berth-ci/berth/internal/contract"
 )
 
 const (
 	// Prefix of the secret's name; the rest is the TaskRun's name.
-	Prefix = "multi-platform-ssh-"
+	Prefix = contract.SecretPrefix
 	// Label is on every secret berth creates, so caches and cleanups can select them.
-	Label = "build.appstudio.redhat.com/multi-platform-secret"
+	Label = contract.SecretLabel
 )
 
 // Name is the secret a TaskRun mounts.
@@ -38,7 +40,7 @@ func ForHost(owner Owner, secretName, host, userDir string, privateKey []byte) *
 
 // ForLocal tells the task to build where it runs.
 func ForLocal(owner Owner) *corev1.Secret {
-	return build(owner, Name(owner.Name), map[string][]byte{"host": []byte("localhost")})
+	return build(owner, Name(owner.Name), map[string][]byte{"host": []byte(contract.Localhost)})
 }
 
 // ForError carries a message the task prints before it exits, instead of waiting forever.

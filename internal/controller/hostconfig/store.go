@@ -14,6 +14,7 @@ import (
 // Store holds the config in force. Reads are lock-free: allocation reads it on every reconcile.
 type Store struct {
 	current atomic.Pointer[config.Config]
+	synced  atomic.Bool
 
 	mu       sync.Mutex
 	rejected *config.Config
@@ -26,6 +27,13 @@ type Store struct {
 
 // NewStore returns an empty store: no config in force yet.
 func NewStore() *Store { return &Store{retired: map[string]*config.StaticHost{}} }
+
+// Synced tells whether the watcher has judged the cluster's config at least once. Before
+// that, "no config" means "not read yet", not "none exists": nobody should be failed for it.
+func (s *Store) Synced() bool { return s.synced.Load() }
+
+// MarkSynced records the watcher's first judgement.
+func (s *Store) MarkSynced() { s.synced.Store(true) }
 
 // Config is the config in force, or nil before the first valid one.
 func (s *Store) Config() *config.Config { return s.current.Load() }

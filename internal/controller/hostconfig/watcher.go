@@ -23,13 +23,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
 )
 
 // DefaultNamespace is where the manifests install the controller, its config and secrets.
 const DefaultNamespace = "berth-system"
 
 // ConfigLabel marks the host-config ConfigMap (any value).
-const ConfigLabel = "build.appstudio.redhat.com/multi-platform-config"
+const ConfigLabel = contract.ConfigLabel
 
 // Event reasons on the ConfigMap.
 const (
@@ -85,6 +86,7 @@ func (w *Watcher) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile judges the labelled ConfigMap and puts it in force if it is valid.
 func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	log := logr.FromContextOrDiscard(ctx).WithValues("namespace", w.Namespace)
+	defer w.Store.MarkSynced()
 	var list corev1.ConfigMapList
 	if err := w.Client.List(ctx, &list, client.InNamespace(w.Namespace), client.HasLabels{ConfigLabel}); err != nil {
 		return reconcile.Result{}, err
@@ -141,7 +143,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 	log.Info("host-config applied", "configmap", cm.Name, "resourceVersion", cm.ResourceVersion,
 		"platforms", len(cfg.Platforms), "hosts", len(cfg.Hosts), "warnings", len(problems))
 	w.Recorder.Eventf(cm, nil, corev1.EventTypeNormal, ReasonApplied, "Validate",
-		"applied: %d platform(s), %d static host(s)", len(cfg.Platforms), len(cfg.Hosts))
+		"applied resourceVersion %s: %d platform(s), %d static host(s)", cm.ResourceVersion, len(cfg.Platforms), len(cfg.Hosts))
 	if len(problems) > 0 {
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonWarnings, "Validate", "%s", truncate(problems.Summary()))
 	}

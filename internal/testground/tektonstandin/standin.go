@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"time"
@@ -33,10 +34,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/berth-ci/berth/internal/contract"
 )
 
 // TaskTypeLabel marks berth's internal TaskRuns (provision, clean, update).
-const TaskTypeLabel = "build.appstudio.redhat.com/task-type"
+const TaskTypeLabel = contract.TaskTypeLabel
 
 // Executor runs an internal TaskRun's work in Go. It returns the TaskRun's results; an error
 // fails the TaskRun with the error as its message.
@@ -46,11 +49,15 @@ type Executor func(ctx context.Context, tr *pipelinev1.TaskRun) (results map[str
 type Options struct {
 	// Scheme must know core and Tekton v1 types.
 	Scheme *runtime.Scheme
-	// RunScripts runs the step scripts of TaskRuns without an executor as local processes.
-	// It needs root: each step gets a private mount namespace for its volumes.
-	RunScripts bool
+	// RunScripts selects the TaskRuns without an executor whose step scripts run as local
+	// processes (nil: none; they end by Finish). It needs root: each step gets a private mount
+	// namespace for its volumes.
+	RunScripts func(*pipelinev1.TaskRun) bool
 	// WorkDir holds materialised volumes, results and step logs; a temporary directory if empty.
 	WorkDir string
+	// StepOutput, if set, also receives the output of step scripts, each line prefixed with
+	// its TaskRun and step.
+	StepOutput io.Writer
 }
 
 // StandIn plays Tekton's part against a real apiserver.
@@ -96,6 +103,8 @@ func (s *StandIn) Start(ctx context.Context, cfg *rest.Config) error {
 		}
 		s.opts.WorkDir = dir
 		defer os.RemoveAll(dir)
+	} else if err := os.MkdirAll(s.opts.WorkDir, 0o700); err != nil {
+		return err
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 s.opts.Scheme,
@@ -260,7 +269,7 @@ func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	switch {
 	case executor != nil:
 		work = func(ctx context.Context) (map[string]string, error) { return executor(ctx, tr.DeepCopy()) }
-	case s.opts.RunScripts && tr.Labels[TaskTypeLabel] == "":
+	case s.opts.RunScripts != nil && tr.Labels[TaskTypeLabel] == "" && s.opts.RunScripts(tr):
 		ready, err := s.secretsPresent(ctx, tr)
 		if err != nil || !ready {
 			return err // the Secret watch brings it back when one appears

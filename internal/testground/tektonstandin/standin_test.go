@@ -26,7 +26,7 @@ var (
 
 func TestMain(m *testing.M) {
 	os.Exit(controlplane.RunTests(m, &cp, func(ctx context.Context) error {
-		standIn = New(Options{Scheme: controlplane.Scheme(), RunScripts: true})
+		standIn = New(Options{Scheme: controlplane.Scheme(), RunScripts: func(*pipelinev1.TaskRun) bool { return true }})
 		standIn.Register("provision", func(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
 			if tr.Spec.Params[0].Value.StringVal == "unreachable" {
 				return nil, errors.New("host unreachable did not answer")

@@ -128,6 +128,11 @@ func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, index int
 	defer logFile.Close()
 	var tail tailBuffer
 	out := io.MultiWriter(logFile, &tail)
+	if s.opts.StepOutput != nil {
+		prefixed := &linePrefixer{w: s.opts.StepOutput, prefix: fmt.Sprintf("[%s/%s %s] ", tr.Namespace, tr.Name, step.Name)}
+		defer prefixed.Flush()
+		out = io.MultiWriter(logFile, &tail, prefixed)
+	}
 
 	cmd := exec.CommandContext(ctx, wrapper[0], wrapper[1:]...)
 	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = workDir, env, out, out
@@ -350,4 +355,36 @@ func (t *tailBuffer) String() string {
 		b = b[len(b)-tailSize:]
 	}
 	return string(b)
+}
+
+// linePrefixer writes whole lines to w, each behind prefix.
+type linePrefixer struct {
+	mu      sync.Mutex
+	w       io.Writer
+	prefix  string
+	partial []byte
+}
+
+func (l *linePrefixer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, p...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		fmt.Fprintf(l.w, "%s%s\n", l.prefix, l.partial[:i])
+		l.partial = l.partial[i+1:]
+	}
+}
+
+// Flush writes a last line that had no newline.
+func (l *linePrefixer) Flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.partial) > 0 {
+		fmt.Fprintf(l.w, "%s%s\n", l.prefix, l.partial)
+		l.partial = nil
+	}
 }

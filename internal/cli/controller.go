@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/berth-ci/berth/internal/controller"
+)
+
+func newControllerCommand() *cobra.Command {
+	o := controller.DefaultOptions()
+	o.Namespace = defaultNamespace()
+	var kubeconfig string
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the controller: serve TaskRuns that ask for a platform",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rules := clientcmd.NewDefaultClientConfigLoadingRules()
+			rules.ExplicitPath = kubeconfig
+			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+			if err != nil {
+				return err
+			}
+			mgr, err := controller.New(cfg, o)
+			if err != nil {
+				return err
+			}
+			ctrl.Log.WithName("berth").Info("starting", "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection)
+			return mgr.Start(ctrl.SetupSignalHandler())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
+	f.StringVar(&o.Namespace, "namespace", o.Namespace, "the controller's namespace: config, admin secrets, internal TaskRuns (default $POD_NAMESPACE)")
+	f.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "address of the Prometheus metrics endpoint; 0 disables it")
+	f.StringVar(&o.HealthProbeAddress, "health-probe-bind-address", o.HealthProbeAddress, "address of /healthz and /readyz; 0 disables them")
+	f.BoolVar(&o.LeaderElection, "leader-elect", o.LeaderElection, "elect a leader, so that several replicas are safe")
+	f.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader election lease")
+	f.IntVar(&o.ConcurrentReconciles, "concurrent-reconciles", o.ConcurrentReconciles, "TaskRuns reconciled in parallel")
+	f.DurationVar(&o.WaitTimeout, "wait-timeout", o.WaitTimeout, "how long a task may wait for a host before it gets an error; 0 waits forever")
+	f.DurationVar(&o.FailedTaskRetention, "failed-task-retention", o.FailedTaskRetention, "how long failed provision, clean and update TaskRuns are kept for their logs")
+	f.DurationVar(&o.HostCheckInterval, "host-check-interval", o.HostCheckInterval, "how often each static host is checked (update TaskRun); 0 disables checks")
+	f.StringVar(&o.ProvisionTask, "provision-task", o.ProvisionTask, "the Task provision TaskRuns run")
+	f.StringVar(&o.CleanTask, "clean-task", o.CleanTask, "the Task clean TaskRuns run")
+	f.StringVar(&o.UpdateTask, "update-task", o.UpdateTask, "the Task update TaskRuns run")
+	f.StringVar(&o.TaskServiceAccount, "task-service-account", o.TaskServiceAccount, "the ServiceAccount internal TaskRuns run as")
+	return cmd
+}

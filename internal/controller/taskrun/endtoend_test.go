@@ -1,0 +1,92 @@
+package taskrun_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/hostops"
+)
+
+// A remote build as buildah-remote does it: read the secret, ssh in as the per-task user,
+// work in user-dir.
+const remoteBuild = `
+if [ -e /ssh/error ]; then cat /ssh/error; exit 1; fi
+key=$(mktemp); trap 'rm -f "$key"' EXIT
+cp /ssh/id_rsa "$key"; chmod 600 "$key"
+ssh -i "$key" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o ConnectTimeout=10 \
+  "$(cat /ssh/host)" "cd $(cat /ssh/user-dir) && echo \"\$(id -un) \$(pwd)\"" > $(results.out.path)
+`
+
+func TestEndToEnd(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, "build", platform, remoteBuild))
+	secret := secretOf(t, tr)
+	user := hostops.UserName(ns, "build")
+	host := strings.TrimPrefix(string(secret.Data["host"]), user+"@")
+	if !strings.HasPrefix(string(secret.Data["host"]), user+"@") {
+		t.Fatalf("secret host %q, want %s@<address>; error: %s", secret.Data["host"], user, secret.Data["error"])
+	}
+	eventually(t, "the build finishes", func() (bool, error) { return get(t, tr).IsDone(), nil })
+	done := get(t, tr)
+	if !done.IsSuccessful() {
+		t.Fatalf("the remote build failed: %+v", done.Status.Conditions)
+	}
+	if got := done.Status.Results[0].Value.StringVal; got != user+" /home/"+user+"/build\n" {
+		t.Fatalf("the build ran as %q, want the per-task user in its user-dir", got)
+	}
+	if done.Labels[contract.TargetPlatformLabel] != "linux-s390x" {
+		t.Errorf("target-platform label %q", done.Labels[contract.TargetPlatformLabel])
+	}
+	settled(t, ns)
+	noBuildUsersLeft(t)
+	for _, h := range stack.Fleet.Hosts {
+		if h.Address == host {
+			return
+		}
+	}
+	t.Fatalf("the secret names %s, not one of the configured hosts", host)
+}
+
+func TestLocalPlatform(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, "native", "linux/amd64", ""))
+	secret := secretOf(t, tr)
+	if string(secret.Data["host"]) != "localhost" || len(secret.Data) != 1 {
+		t.Fatalf("local secret %v", secret.Data)
+	}
+	if got := get(t, tr).Labels[contract.AssignedHostLabel]; got != contract.Localhost {
+		t.Fatalf("assigned-host %q", got)
+	}
+	if err := stack.StandIn.Finish(context.Background(), keyOf(tr), nil); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, ns)
+}
+
+func TestErrorSecrets(t *testing.T) {
+	applyConfig(t, 2, map[string]string{"allowed-namespaces": "errorsecrets,team-.*"})
+	defer applyConfig(t, 2, nil)
+	ns := namespace(t)
+	for _, tc := range []struct {
+		name, ns, platform string
+		want               []string
+	}{
+		{"unknown", ns, "linux/riscv64", []string{`platform "linux/riscv64" is not configured`, "linux/s390x"}},
+		{"forbidden", "outsider", platform, []string{"namespace outsider may not use multi-platform builds", "allowed-namespaces"}},
+	} {
+		if err := stack.ControlPlane.EnsureNamespace(context.Background(), tc.ns); err != nil {
+			t.Fatal(err)
+		}
+		tr := create(t, userTaskRun(tc.ns, tc.name, tc.platform, ""))
+		msg := string(secretOf(t, tr).Data["error"])
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%s: error %q lacks %q", tc.name, msg, w)
+			}
+		}
+	}
+}

@@ -1,0 +1,107 @@
+package taskrun_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/testground/sshhosts"
+)
+
+// hostsByName sorts the stack's hosts as the ledger breaks ties: the first gets the first task.
+func hostsByName() []*sshhosts.Host {
+	hosts := append([]*sshhosts.Host{}, stack.Fleet.Hosts...)
+	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Name < hosts[j].Name })
+	return hosts
+}
+
+func cut(t *testing.T, hosts ...*sshhosts.Host) {
+	t.Helper()
+	for _, h := range hosts {
+		if err := h.Cut(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := h.Restore(); err != nil {
+				t.Errorf("restoring %s: %v", h.Name, err)
+			}
+		})
+	}
+}
+
+func finish(t *testing.T, tr *pipelinev1.TaskRun) {
+	t.Helper()
+	if err := stack.StandIn.Finish(context.Background(), keyOf(tr), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCutOffHostFailsOverToAnother(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	dead := hostsByName()[0]
+	cut(t, dead)
+	tr := create(t, userTaskRun(ns, "failover", platform, ""))
+	secret := secretOf(t, tr)
+	if strings.HasSuffix(string(secret.Data["host"]), "@"+dead.Address) || len(secret.Data["id_rsa"]) == 0 {
+		t.Fatalf("want a build user on another host than the cut-off %s, got host=%q error=%q", dead.Name, secret.Data["host"], secret.Data["error"])
+	}
+	if got := get(t, tr).Annotations[contract.FailedHostsAnnotation]; got != dead.Name {
+		t.Fatalf("failed-hosts = %q, want %s", got, dead.Name)
+	}
+	finish(t, tr)
+	settled(t, ns)
+}
+
+func TestAllHostsCutOffEndInAnErrorSecret(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	cut(t, stack.Fleet.Hosts...)
+	tr := create(t, userTaskRun(ns, "stranded", platform, ""))
+	msg := string(secretOf(t, tr).Data["error"])
+	if !strings.Contains(msg, "no host of platform linux/s390x could be provisioned") {
+		t.Fatalf("error secret %q does not name the platform", msg)
+	}
+	for _, h := range stack.Fleet.Hosts {
+		if !strings.Contains(msg, h.Name) {
+			t.Errorf("error secret does not name failed host %s: %q", h.Name, msg)
+		}
+	}
+	finish(t, tr)
+	settled(t, ns)
+}
+
+func TestWaitTimeoutEndsInAnErrorSecret(t *testing.T) {
+	o := controllerOptions()
+	o.WaitTimeout = 3 * time.Second
+	restartController(t, o)
+	defer restartController(t, controllerOptions())
+	applyConfig(t, 1, nil)
+	ns := namespace(t)
+	var trs []*pipelinev1.TaskRun
+	for i := range len(stack.Fleet.Hosts) + 1 {
+		trs = append(trs, create(t, userTaskRun(ns, fmt.Sprintf("busy-%d", i), platform, "")))
+	}
+	last := trs[len(trs)-1]
+	msg := string(secretOf(t, last).Data["error"])
+	if !strings.Contains(msg, "no host of platform linux/s390x became free within 3s") {
+		for _, tr := range trs {
+			got := get(t, tr)
+			t.Logf("%s: labels %v", tr.Name, got.Labels)
+		}
+		t.Fatalf("want a wait-timeout error, got %q", msg)
+	}
+	if age := time.Since(get(t, last).CreationTimestamp.Time); age < 3*time.Second {
+		t.Fatalf("the timeout fired after %s, before 3s", age)
+	}
+	for _, tr := range trs {
+		finish(t, tr)
+	}
+	settled(t, ns)
+}

@@ -1,0 +1,105 @@
+package taskrun_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/devstack"
+)
+
+func controllerEvent(reason, text string) (bool, error) {
+	var events eventsv1.EventList
+	if err := c().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
+		return false, err
+	}
+	for _, e := range events.Items {
+		if e.Reason == reason && strings.Contains(e.Note, text) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// gauge reads a metric of the controller running in this process.
+func gauge(name, label, value string) float64 {
+	families, _ := metrics.Registry.Gather()
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+func TestFailedHealthCheckQuarantinesTheHostUntilOnePasses(t *testing.T) {
+	o := controllerOptions()
+	o.HostCheckInterval = time.Second
+	restartController(t, o)
+	defer restartController(t, controllerOptions())
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	sick := hostsByName()[0]
+	if err := sick.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, sick.Name+" is quarantined", func() (bool, error) {
+		ok, err := controllerEvent("HostQuarantined", "host "+sick.Name+" takes no new builds until a check passes: host "+sick.Address+" is unreachable")
+		return ok && gauge("berth_host_quarantined", "host", sick.Name) == 1, err
+	})
+	if got := gauge("berth_host_slots_capacity", "host", sick.Name); got != 0 {
+		t.Errorf("a quarantined host reports capacity %v, want 0", got)
+	}
+
+	tr := create(t, userTaskRun(ns, "avoids-sick-host", platform, ""))
+	defer func() {
+		if t.Failed() {
+			var events eventsv1.EventList
+			c().List(context.Background(), &events, client.InNamespace(ns))
+			for _, e := range events.Items {
+				t.Logf("event %s %s: %s", e.Type, e.Reason, e.Note)
+			}
+			var sys eventsv1.EventList
+			c().List(context.Background(), &sys, client.InNamespace(devstack.Namespace))
+			seen := map[string]bool{}
+			for _, e := range sys.Items {
+				if !seen[e.Reason+e.Note[:min(len(e.Note), 120)]] {
+					seen[e.Reason+e.Note[:min(len(e.Note), 120)]] = true
+					t.Logf("system event %s %s: %.300s", e.Type, e.Reason, e.Note)
+				}
+			}
+			got := get(t, tr)
+			t.Logf("labels %v annotations %v status %+v", got.Labels, got.Annotations, got.Status.Conditions)
+		}
+	}()
+	secret := secretOf(t, tr)
+	if strings.HasSuffix(string(secret.Data["host"]), "@"+sick.Address) || len(secret.Data["id_rsa"]) == 0 {
+		t.Fatalf("the quarantined host was used: host=%q error=%q", secret.Data["host"], secret.Data["error"])
+	}
+	if failed := get(t, tr).Annotations[contract.FailedHostsAnnotation]; failed != "" {
+		t.Fatalf("the quarantined host was even tried: failed-hosts=%q", failed)
+	}
+	finish(t, tr)
+
+	if err := sick.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, sick.Name+" is back in service", func() (bool, error) {
+		ok, err := controllerEvent("HostHealthy", "host "+sick.Name+" passed its check")
+		return ok && gauge("berth_host_quarantined", "host", sick.Name) == 0, err
+	})
+	settled(t, ns)
+}

@@ -1,0 +1,121 @@
+package taskrun
+
+import (
+	"context"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
+)
+
+// SetupWithManager registers the reconciler: TaskRuns that are berth's business, secrets berth
+// made (mapped to their TaskRun), internal TaskRuns (mapped to their user task), and wake-ups.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	r.wakeups = make(chan event.GenericEvent, 4096)
+	if r.now == nil {
+		r.now = time.Now
+	}
+	r.Config.OnChange(func(cfg *config.Config) { r.wake(r.Ledger.SetHosts(ledgerHosts(cfg))) })
+	if cfg := r.Config.Config(); cfg != nil {
+		r.Ledger.SetHosts(ledgerHosts(cfg))
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("taskrun").
+		For(&pipelinev1.TaskRun{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return classify(o.(*pipelinev1.TaskRun)) != unrelated
+		}))).
+		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(userTaskOfInternal)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
+		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		Complete(r)
+}
+
+func ledgerHosts(cfg *config.Config) []allocation.Host {
+	hosts := make([]allocation.Host, 0, len(cfg.Hosts))
+	for _, h := range cfg.Hosts {
+		hosts = append(hosts, allocation.Host{Name: h.Name, Platform: string(h.Platform), Capacity: h.Concurrency})
+	}
+	return hosts
+}
+
+func userTaskOfInternal(_ context.Context, o client.Object) []reconcile.Request {
+	l := o.GetLabels()
+	if l[contract.TaskTypeLabel] == "" || l[contract.UserTaskNameLabel] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: l[contract.UserTaskNamespaceLabel], Name: l[contract.UserTaskNameLabel]}}}
+}
+
+func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetName()
+	if len(name) <= len(contract.SecretPrefix) || name[:len(contract.SecretPrefix)] != contract.SecretPrefix {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name[len(contract.SecretPrefix):]}}}
+}
+
+// CacheOptions keep the controller's memory independent of what else the cluster holds: only
+// the secrets berth made, only the config ConfigMap, and TaskRuns stripped to what berth reads
+// (unrelated ones to their metadata). Writes never send a cached object whole: see patchLabels.
+func CacheOptions(namespace string) cache.Options {
+	byObject := hostconfig.CacheByObject(namespace)
+	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel))}
+	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: stripTaskRun}
+	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
+}
+
+func mustExist(key string) labels.Requirement {
+	r, err := labels.NewRequirement(key, selection.Exists, nil)
+	if err != nil {
+		panic(err)
+	}
+	return *r
+}
+
+// stripTaskRun keeps what berth reads of a TaskRun: metadata, params, the secret volumes of
+// its resolved spec, conditions, times and results.
+func stripTaskRun(obj any) (any, error) {
+	tr, ok := obj.(*pipelinev1.TaskRun)
+	if !ok {
+		return obj, nil
+	}
+	tr.ManagedFields = nil
+	delete(tr.Annotations, "kubectl.kubernetes.io/last-applied-configuration")
+	if classify(tr) == unrelated && platformOf(tr) == "" {
+		tr.Spec, tr.Status = pipelinev1.TaskRunSpec{}, pipelinev1.TaskRunStatus{}
+		return tr, nil
+	}
+	tr.Spec.TaskSpec, tr.Spec.TaskRef, tr.Spec.Workspaces, tr.Spec.PodTemplate = nil, nil, nil, nil
+	tr.Spec.StepSpecs, tr.Spec.SidecarSpecs, tr.Spec.ComputeResources = nil, nil, nil
+	s := &tr.Status
+	s.Steps, s.Sidecars, s.RetriesStatus, s.Provenance, s.Artifacts, s.SpanContext = nil, nil, nil, nil, nil, nil
+	if s.TaskSpec != nil {
+		var volumes []corev1.Volume
+		for _, v := range s.TaskSpec.Volumes {
+			if v.Secret != nil {
+				volumes = append(volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: v.Secret.SecretName}}})
+			}
+		}
+		s.TaskSpec = &pipelinev1.TaskSpec{Volumes: volumes}
+	}
+	return tr, nil
+}
