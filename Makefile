@@ -6,7 +6,7 @@ GO ?= go
 # Packages whose tests are cheap enough to also run under the race detector.
 RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/controller/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
 
-.PHONY: all build test testbin prereqs run vet fuzz clean
+.PHONY: all build test testbin prereqs run vet fuzz bench clean
 
 all: build
 
@@ -36,6 +36,12 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzzing $$name in $$pkg for $(FUZZTIME)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+
+## bench: the benchmarks: ledger hand-over, and slot-freed → next-waiter latency on the real stack
+BENCHTIME ?= 50x
+bench: prereqs testbin
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/allocation/
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/controller/taskrun/ 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 
 ## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C
 run: prereqs testbin build

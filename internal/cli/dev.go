@@ -7,21 +7,31 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 
+	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/devstack"
 )
 
 func newDevCommand() *cobra.Command {
 	opts := devstack.Options{HostStep: runHostStep}
+	var (
+		once    bool
+		metrics string
+	)
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "Run the local stack: control plane, SSH hosts and a Tekton stand-in (make run)",
-		Long: `dev brings up a real kube-apiserver and etcd with Tekton's CRDs, real SSH hosts
-(each an sshd in its own network and mount namespace) and a Tekton stand-in that runs
-TaskRuns, prints how to reach them, and tears everything down on Ctrl-C.
-Needs the binaries of 'make testbin' and, for hosts, root and openssh-server.`,
+		Short: "Run the local stack: control plane, SSH hosts, Tekton stand-in and berth (make run)",
+		Long: `dev brings up a real kube-apiserver and etcd with Tekton's CRDs and berth's RBAC and Tasks,
+real SSH hosts (each an sshd in its own network and mount namespace), a Tekton stand-in that
+runs TaskRuns, and berth's controller with a sample host config: the hosts as static hosts of
+linux/s390x, and linux/amd64 as a local platform. It then runs the sample TaskRuns of
+config/samples, prints how to reach everything, and tears it all down on Ctrl-C.
+With --once it exits after the samples have finished, 0 if they succeeded.
+Needs the binaries of 'make testbin' and, for hosts and step scripts, root and openssh-server.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -29,24 +39,67 @@ Needs the binaries of 'make testbin' and, for hosts, root and openssh-server.`,
 			// Ctrl-C also reaches whatever reads our output (make run | tee); once it is gone, a
 			// write to stdout must not kill us with SIGPIPE halfway through the teardown.
 			signal.Ignore(syscall.SIGPIPE)
+			out := cmd.OutOrStdout()
+			opts.StepOutput = out
+			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
 			stack, err := devstack.Up(ctx, opts)
 			if err != nil {
 				return err
 			}
-			stack.Describe(cmd.OutOrStdout())
-			<-ctx.Done()
-			fmt.Fprintln(cmd.OutOrStdout(), "\nstopping the dev stack ...")
+			err = runBerth(ctx, stack, metrics, once, out)
+			fmt.Fprintln(out, "\nstopping the dev stack ...")
 			// Teardown must finish even though the signal context is done.
-			if err := stack.Down(); err != nil {
-				return fmt.Errorf("tearing down: %w", err)
+			if downErr := stack.Down(); downErr != nil {
+				return fmt.Errorf("tearing down: %w", downErr)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "stopped; nothing left running.")
-			return nil
+			fmt.Fprintln(out, "stopped; nothing left running.")
+			return err
 		},
 	}
-	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none)")
+	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none: then no controller or samples either)")
 	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
+	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
+	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics; 0 disables them")
 	return cmd
+}
+
+// runBerth starts the controller with the sample config, runs the samples, and waits: for them
+// with --once, else for Ctrl-C.
+func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once bool, out io.Writer) error {
+	const ctrlC = "\nPress Ctrl-C to stop; everything above is torn down."
+	if stack.Fleet == nil {
+		stack.Describe(out)
+		fmt.Fprintln(out, ctrlC)
+		<-ctx.Done()
+		return nil
+	}
+	if _, err := stack.ApplyHostConfig(ctx, stack.StaticHostConfig("linux/s390x", 2, "linux/amd64")); err != nil {
+		return err
+	}
+	o := controller.DefaultOptions()
+	o.MetricsAddress, o.HealthProbeAddress = metrics, "0"
+	if err := stack.StartController(o); err != nil {
+		return err
+	}
+	stack.Describe(out)
+	if metrics != "0" {
+		fmt.Fprintf(out, "  berth          controller running as ServiceAccount %s/%s; metrics at http://%s/metrics\n", devstack.Namespace, devstack.ControllerServiceAccount, metrics)
+	}
+	samples, err := stack.ApplySamples(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  samples        %d TaskRuns in namespace %s: kubectl get taskruns -n %s\n\n", len(samples), devstack.SampleNamespace, devstack.SampleNamespace)
+	summary, err := stack.WaitForSamples(ctx, samples, 3*time.Minute)
+	if summary != "" {
+		fmt.Fprintln(out, "berth dev: "+summary)
+	}
+	if once || err != nil {
+		return err
+	}
+	fmt.Fprintln(out, ctrlC)
+	<-ctx.Done()
+	return nil
 }
 
 // runHostStep runs `berth host ...` in this process: how the dev stack's Tekton stand-in

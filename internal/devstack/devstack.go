@@ -243,5 +243,4 @@ func (s *Stack) Describe(w io.Writer) {
 		scripts = "step scripts are not run (needs root); end TaskRuns yourself"
 	}
 	fmt.Fprintf(w, "  tekton         stand-in resolving TaskRuns and creating their pods; %s\n", scripts)
-	fmt.Fprintf(w, "\nPress Ctrl-C to stop; everything above is torn down.\n")
 }

@@ -246,3 +246,40 @@ func readFile(t *testing.T, path string) string {
 	}
 	return string(data)
 }
+
+// `make run ARGS=--once`: the samples run through berth and the command exits 0 with a summary.
+func TestDevOnceRunsTheSamples(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the dev stack's SSH hosts need root; CI runs as root")
+		}
+		t.Skip("the dev stack's SSH hosts need root")
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "berth")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building berth: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dev := exec.CommandContext(ctx, bin, "dev", "--once", "--hosts", "2", "--metrics-bind-address", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
+	dev.Dir = root
+	out, err := dev.Output()
+	if err != nil {
+		t.Fatalf("berth dev --once: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"berth dev: 2 sample TaskRuns finished", "remote-build-s390x on berth-host-", "local-build-amd64 locally",
+		"[builds/remote-build-s390x build] uid=", "(u-", "[builds/local-build-amd64 build] building linux/amd64 here",
+		"stopped; nothing left running.",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -31,8 +31,13 @@ func (r *Reconciler) reconcileInternal(ctx context.Context, tr *pipelinev1.TaskR
 		// A provision still matters while its user task may act on it: until it has
 		// recorded a failure, or has its secret.
 		if user != nil && !user.IsDone() && user.DeletionTimestamp == nil {
+			if tr.IsSuccessful() && user.Labels[contract.AssignedHostLabel] == tr.Labels[contract.AssignedHostLabel] {
+				// The user task deletes it once its secret is seen; look again later in case
+				// that never happens (a missed event must not leave it forever).
+				return reconcile.Result{RequeueAfter: 30 * time.Second}, nil
+			}
 			if tr.IsSuccessful() {
-				return reconcile.Result{}, nil // the user task deletes it once its secret is seen
+				break // the user task holds another host now: this provision is history
 			}
 			if !slices.Contains(failedHosts(user), tr.Labels[contract.AssignedHostLabel]) {
 				// The user task has not recorded this failure yet, or our cache has not seen it

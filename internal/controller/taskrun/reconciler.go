@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -97,13 +98,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	log := logr.FromContextOrDiscard(ctx)
+	var (
+		result reconcile.Result
+		err    error
+	)
 	switch classify(&tr) {
 	case userTask:
-		return r.reconcileUser(logr.NewContext(ctx, log.WithValues("platform", platformOf(&tr))), &tr)
+		result, err = r.reconcileUser(logr.NewContext(ctx, log.WithValues("platform", platformOf(&tr))), &tr)
 	case internalTask:
-		return r.reconcileInternal(ctx, &tr)
+		result, err = r.reconcileInternal(ctx, &tr)
 	}
-	return reconcile.Result{}, nil
+	if apierrors.IsConflict(err) {
+		// Our copy was stale (a write raced ours); nothing failed. Try again with a fresh one.
+		return reconcile.Result{Requeue: true}, nil
+	}
+	return result, err
 }
 
 // restore rebuilds the ledger from the TaskRuns once, before the first decision, so a

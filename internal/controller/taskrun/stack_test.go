@@ -234,7 +234,9 @@ func settled(t *testing.T, ns string) {
 			return false, err
 		}
 		if len(internal.Items) > 0 {
-			return false, fmt.Errorf("%d internal TaskRuns left, e.g. %s", len(internal.Items), internal.Items[0].Name)
+			it := internal.Items[0]
+			return false, fmt.Errorf("%d internal TaskRuns left, e.g. %s labels=%v spec.status=%q conditions=%+v",
+				len(internal.Items), it.Name, it.Labels, it.Spec.Status, it.Status.Conditions)
 		}
 		return true, nil
 	})

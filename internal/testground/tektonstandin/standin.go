@@ -233,7 +233,7 @@ func podFor(tr *pipelinev1.TaskRun, serviceAccount string) *corev1.Pod {
 			ServiceAccountName:           serviceAccount,
 			AutomountServiceAccountToken: ptr(false),
 			RestartPolicy:                corev1.RestartPolicyNever,
-			Volumes:                      spec.Volumes,
+			Volumes:                      volumes(tr),
 		},
 	}
 	for _, step := range spec.Steps {
@@ -351,11 +351,8 @@ const secretVolumeIndex = "berth.standin/secret-volume"
 
 func indexSecretVolumes(obj client.Object) []string {
 	tr := obj.(*pipelinev1.TaskRun)
-	if tr.Status.TaskSpec == nil {
-		return nil
-	}
 	var names []string
-	for _, v := range tr.Status.TaskSpec.Volumes {
+	for _, v := range volumes(tr) {
 		if v.Secret != nil {
 			names = append(names, v.Secret.SecretName)
 		}

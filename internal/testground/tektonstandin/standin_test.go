@@ -115,7 +115,7 @@ func TestResolvesTaskRefAndCreatesPod(t *testing.T) {
 	if len(pod.OwnerReferences) != 1 || pod.OwnerReferences[0].UID != got.UID {
 		t.Fatalf("pod is not owned by the TaskRun: %+v", pod.OwnerReferences)
 	}
-	if pod.Spec.Volumes[0].Secret == nil || pod.Spec.Containers[0].VolumeMounts[0].MountPath != "/ssh" {
+	if pod.Spec.Volumes[0].Secret == nil || pod.Spec.Volumes[0].Secret.SecretName != "multi-platform-ssh-build" || pod.Spec.Containers[0].VolumeMounts[0].MountPath != "/ssh" {
 		t.Fatalf("pod lost the task's secret volume: %+v", pod.Spec)
 	}
 

@@ -165,7 +165,7 @@ func (s *StandIn) stepEnv(ctx context.Context, tr *pipelinev1.TaskRun, step pipe
 // own directory and returns volume name → directory.
 func (s *StandIn) materialiseVolumes(ctx context.Context, tr *pipelinev1.TaskRun, dir string) (map[string]string, error) {
 	paths := map[string]string{}
-	for _, v := range tr.Status.TaskSpec.Volumes {
+	for _, v := range volumes(tr) {
 		path := filepath.Join(dir, v.Name)
 		if err := os.MkdirAll(path, 0o755); err != nil {
 			return nil, err
@@ -225,13 +225,14 @@ func writeKeys(dir string, data map[string][]byte, items []corev1.KeyToPath, def
 	return nil
 }
 
-// substitutions builds the replacer for Tekton's variable references in steps.
-func substitutions(tr *pipelinev1.TaskRun, resultsDir, workspacesDir string) (*strings.Replacer, error) {
-	spec := tr.Status.TaskSpec
+// variables are the param and context references Tekton substitutes in a task's spec.
+func variables(tr *pipelinev1.TaskRun) []string {
 	values := map[string]string{}
-	for _, p := range spec.Params {
-		if p.Default != nil {
-			values[p.Name] = p.Default.StringVal
+	if spec := tr.Status.TaskSpec; spec != nil {
+		for _, p := range spec.Params {
+			if p.Default != nil {
+				values[p.Name] = p.Default.StringVal
+			}
 		}
 	}
 	for _, p := range tr.Spec.Params {
@@ -244,10 +245,37 @@ func substitutions(tr *pipelinev1.TaskRun, resultsDir, workspacesDir string) (*s
 			"$(params['"+name+"'])", value,
 			`$(params["`+name+`"])`, value)
 	}
-	pairs = append(pairs,
+	return append(pairs,
 		"$(context.taskRun.name)", tr.Name,
 		"$(context.taskRun.namespace)", tr.Namespace,
 		"$(context.taskRun.uid)", string(tr.UID))
+}
+
+// volumes returns the task's volumes as its pod gets them: status.taskSpec keeps references
+// like multi-platform-ssh-$(context.taskRun.name), the pod has them substituted.
+func volumes(tr *pipelinev1.TaskRun) []corev1.Volume {
+	if tr.Status.TaskSpec == nil {
+		return nil
+	}
+	subst := strings.NewReplacer(variables(tr)...)
+	out := make([]corev1.Volume, 0, len(tr.Status.TaskSpec.Volumes))
+	for _, v := range tr.Status.TaskSpec.Volumes {
+		v = *v.DeepCopy()
+		if v.Secret != nil {
+			v.Secret.SecretName = subst.Replace(v.Secret.SecretName)
+		}
+		if v.ConfigMap != nil {
+			v.ConfigMap.Name = subst.Replace(v.ConfigMap.Name)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// substitutions builds the replacer for Tekton's variable references in steps.
+func substitutions(tr *pipelinev1.TaskRun, resultsDir, workspacesDir string) (*strings.Replacer, error) {
+	spec := tr.Status.TaskSpec
+	pairs := variables(tr)
 	if err := os.MkdirAll(resultsDir, 0o777); err != nil {
 		return nil, err
 	}
