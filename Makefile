@@ -37,11 +37,17 @@ fuzz:
 	  echo "fuzzing $$name in $$pkg for $(FUZZTIME)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
-## bench: the benchmarks: ledger hand-over, and slot-freed → next-waiter latency on the real stack
+## bench: the Go benchmarks (ledger hand-over; slot freed → next waiter on the real stack), then
+## the load harness on both scenarios. BENCH_SCALE shrinks the scenarios; BENCH_ARGS passes
+## more flags to `berth bench` (--baseline "<other controller>", --json).
 BENCHTIME ?= 50x
-bench: prereqs testbin
+BENCH_SCALE ?= 1
+BENCH_ARGS ?=
+bench: prereqs testbin build
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/allocation/
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/controller/taskrun/ 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
+	bin/berth bench --scenario static --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth bench --scenario idle-cluster --scale $(BENCH_SCALE) $(BENCH_ARGS)
 
 ## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C
 run: prereqs testbin build

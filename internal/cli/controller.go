@@ -11,7 +11,11 @@ import (
 func newControllerCommand() *cobra.Command {
 	o := controller.DefaultOptions()
 	o.Namespace = defaultNamespace()
-	var kubeconfig string
+	var (
+		kubeconfig string
+		qps        float32
+		burst      int
+	)
 	cmd := &cobra.Command{
 		Use:   "controller",
 		Short: "Run the controller: serve TaskRuns that ask for a platform",
@@ -23,6 +27,7 @@ func newControllerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cfg.QPS, cfg.Burst = qps, burst
 			mgr, err := controller.New(cfg, o)
 			if err != nil {
 				return err
@@ -33,6 +38,8 @@ func newControllerCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
+	f.Float32Var(&qps, "kube-api-qps", 100, "requests per second to the apiserver the controller allows itself (the apiserver's priority and fairness protects it too)")
+	f.IntVar(&burst, "kube-api-burst", 200, "burst above --kube-api-qps")
 	f.StringVar(&o.Namespace, "namespace", o.Namespace, "the controller's namespace: config, admin secrets, internal TaskRuns (default $POD_NAMESPACE)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "address of the Prometheus metrics endpoint; 0 disables it")
 	f.StringVar(&o.HealthProbeAddress, "health-probe-bind-address", o.HealthProbeAddress, "address of /healthz and /readyz; 0 disables them")

@@ -1,0 +1,51 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+// PrintTable writes results side by side, and with two results, their ratio (second/first).
+func PrintTable(w io.Writer, results []*Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	header := "metric\t"
+	for i := range results {
+		header += fmt.Sprintf("run %d\t", i+1)
+	}
+	if len(results) == 2 {
+		header += "run 2 / run 1\t"
+	}
+	fmt.Fprintln(tw, header)
+	row := func(name string, value func(*Result) float64, format string) {
+		line := name + "\t"
+		for _, r := range results {
+			line += fmt.Sprintf(format+"\t", value(r))
+		}
+		if len(results) == 2 {
+			if a := value(results[0]); a != 0 {
+				line += fmt.Sprintf("%.2fx\t", value(results[1])/a)
+			} else {
+				line += "-\t"
+			}
+		}
+		fmt.Fprintln(tw, line)
+	}
+	row("tasks served", func(r *Result) float64 { return float64(r.Served) }, "%.0f")
+	row("creation→secret p50 ms", func(r *Result) float64 { return r.SecretLatency.P50 }, "%.1f")
+	row("creation→secret p90 ms", func(r *Result) float64 { return r.SecretLatency.P90 }, "%.1f")
+	row("creation→secret p99 ms", func(r *Result) float64 { return r.SecretLatency.P99 }, "%.1f")
+	row("creation→secret max ms", func(r *Result) float64 { return r.SecretLatency.Max }, "%.1f")
+	row("slot freed→next allocation p50 ms", func(r *Result) float64 { return r.HandOver.P50 }, "%.1f")
+	row("slot freed→next allocation p99 ms", func(r *Result) float64 { return r.HandOver.P99 }, "%.1f")
+	row("makespan s", func(r *Result) float64 { return r.MakespanSeconds }, "%.1f")
+	row("allocations per second", func(r *Result) float64 { return r.AllocationsPerSec }, "%.1f")
+	row("API writes per allocation", func(r *Result) float64 { return r.WritesPerAllocation }, "%.1f")
+	row("controller peak RSS MiB", func(r *Result) float64 { return r.PeakRSSMiB }, "%.1f")
+	row("controller CPU s", func(r *Result) float64 { return r.CPUSeconds }, "%.1f")
+	row("over-commit violations", func(r *Result) float64 { return float64(r.Violations) }, "%.0f")
+	tw.Flush()
+	for i, r := range results {
+		fmt.Fprintf(w, "run %d: %s, scenario %s\n", i+1, r.Controller, r.Scenario)
+	}
+}
