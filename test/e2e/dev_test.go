@@ -27,22 +27,7 @@ import (
 // `make run` is `berth dev`: it must come up, be reachable as printed, and leave nothing behind
 // on Ctrl-C.
 func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the dev stack's SSH hosts need root; CI runs as root")
-		}
-		t.Skip("the dev stack's SSH hosts need root")
-	}
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "berth")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building berth: %v\n%s", err, out)
-	}
+	root, bin := buildBerth(t)
 
 	stateDir := filepath.Join(t.TempDir(), "state")
 	dev := exec.Command(bin, "dev", "--hosts", "1", "--state-dir", stateDir)
@@ -249,22 +234,7 @@ func readFile(t *testing.T, path string) string {
 
 // `make run ARGS=--once`: the samples run through berth and the command exits 0 with a summary.
 func TestDevOnceRunsTheSamples(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the dev stack's SSH hosts need root; CI runs as root")
-		}
-		t.Skip("the dev stack's SSH hosts need root")
-	}
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "berth")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building berth: %v\n%s", err, out)
-	}
+	root, bin := buildBerth(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	dev := exec.CommandContext(ctx, bin, "dev", "--once", "--hosts", "2", "--metrics-bind-address", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
@@ -282,4 +252,27 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// buildBerth builds the binary as `make run` does and returns the repository root and the
+// binary. The dev stack's SSH hosts need root: without it the test skips, except in CI.
+func buildBerth(t *testing.T) (root, bin string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the dev stack's SSH hosts need root; CI runs as root")
+		}
+		t.Skip("the dev stack's SSH hosts need root")
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(t.TempDir(), "berth")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building berth: %v\n%s", err, out)
+	}
+	return root, bin
 }
