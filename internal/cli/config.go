@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -147,15 +148,23 @@ func readConfigMapFile(path string) (*corev1.ConfigMap, error) {
 	return labelled[0], nil
 }
 
-// kubeClient reaches the cluster: in-cluster when berth runs in a pod, else through kubeconfig.
-func kubeClient(kubeconfig string) (client.Client, error) {
+// restConfig reaches the cluster: in-cluster when berth runs in a pod, else through kubeconfig.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	restConfig, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("no cluster to talk to (in-cluster config, --kubeconfig, $KUBECONFIG or ~/.kube/config): %w", err)
 	}
-	return client.New(restConfig, client.Options{Scheme: kubescheme.New()})
+	return cfg, nil
+}
+
+func kubeClient(kubeconfig string) (client.Client, error) {
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: kubescheme.New()})
 }
 
 func liveConfigMap(ctx context.Context, c client.Reader, namespace string) (*corev1.ConfigMap, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -86,20 +87,9 @@ func (s *Stack) StaticHostConfig(platform string, concurrency int, local ...stri
 		data[prefix+"concurrency"] = fmt.Sprint(concurrency)
 	}
 	if len(local) > 0 {
-		data["local-platforms"] = joinComma(local)
+		data["local-platforms"] = strings.Join(local, ",")
 	}
 	return data
-}
-
-func joinComma(items []string) string {
-	out := ""
-	for i, s := range items {
-		if i > 0 {
-			out += ","
-		}
-		out += s
-	}
-	return out
 }
 
 // serviceAccountKubeconfig writes a kubeconfig that acts as a ServiceAccount of Namespace by

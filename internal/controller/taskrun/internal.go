@@ -94,7 +94,6 @@ func (r *Reconciler) applyHealth(tr *pipelinev1.TaskRun) {
 	}
 	r.Ledger.Quarantine(host, true)
 	r.Recorder.Eventf(tr, nil, corev1.EventTypeWarning, "HostQuarantined", "Check", "host %s takes no new builds until a check passes: %s", host, reason)
-	publishUsage(r.Ledger)
 }
 
 func (r *Reconciler) wasQuarantined(host string) bool {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -41,7 +42,8 @@ type Reconciler struct {
 	FailedTaskRetention time.Duration
 
 	wakeups  chan event.GenericEvent
-	restored sync.Once
+	restore  sync.Mutex
+	restored atomic.Bool
 	counted  sync.Map // UIDs of internal TaskRuns whose outcome was counted
 	now      func() time.Time
 }
@@ -85,7 +87,7 @@ func taskOf(tr *pipelinev1.TaskRun) allocation.Task {
 
 // Reconcile dispatches a TaskRun to the user or internal flow.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if err := r.restore(ctx); err != nil {
+	if err := r.restoreOnce(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
 	var tr pipelinev1.TaskRun
@@ -118,61 +120,65 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // restore rebuilds the ledger from the TaskRuns once, before the first decision, so a
 // restarted controller knows who holds which host (assigned-host) and who still waits for one
 // (no host, no secret), in order of creation.
-func (r *Reconciler) restore(ctx context.Context) error {
-	var err error
-	r.restored.Do(func() {
-		var list pipelinev1.TaskRunList
-		if err = r.Client.List(ctx, &list); err != nil {
-			return
-		}
-		var secrets corev1.SecretList
-		if err = r.Client.List(ctx, &secrets); err != nil {
-			return
-		}
-		answered := map[types.NamespacedName]bool{}
-		for _, s := range secrets.Items {
-			answered[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = true
-		}
-		for i := range list.Items {
-			tr := &list.Items[i]
-			if classify(tr) != userTask {
-				continue
-			}
-			switch host := tr.Labels[contract.AssignedHostLabel]; {
-			case host != "" && host != contract.Localhost:
-				// Also when the task is done: it holds the slot until finish has removed the
-				// label, and that reconcile is on its way.
-				r.Ledger.Restore(taskOf(tr), host, platformOf(tr))
-			case host == "" && !tr.IsDone() && tr.DeletionTimestamp == nil &&
-				!answered[types.NamespacedName{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}]:
-				// Unserved: waiting, or not reached before the restart. Queued by creation, so
-				// nobody created later is served first.
-				r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: platformOf(tr),
-					Created: tr.CreationTimestamp.Time, Exclude: failedHosts(tr)})
-			}
-		}
-		publishUsage(r.Ledger)
-	})
-	if err != nil {
-		r.restored = sync.Once{} // try again on the next reconcile
+// Workers wait for it; a failed attempt is retried by the next reconcile.
+func (r *Reconciler) restoreOnce(ctx context.Context) error {
+	if r.restored.Load() {
+		return nil
 	}
-	return err
+	r.restore.Lock()
+	defer r.restore.Unlock()
+	if r.restored.Load() {
+		return nil
+	}
+	var list pipelinev1.TaskRunList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return err
+	}
+	var secrets corev1.SecretList
+	if err := r.Client.List(ctx, &secrets); err != nil {
+		return err
+	}
+	answered := map[types.NamespacedName]bool{}
+	for _, s := range secrets.Items {
+		answered[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = true
+	}
+	for i := range list.Items {
+		tr := &list.Items[i]
+		if classify(tr) != userTask {
+			continue
+		}
+		switch host := tr.Labels[contract.AssignedHostLabel]; {
+		case host != "" && host != contract.Localhost:
+			// Also when the task is done: it holds the slot until finish has removed the
+			// label, and that reconcile is on its way.
+			r.Ledger.Restore(taskOf(tr), host, platformOf(tr))
+		case host == "" && !tr.IsDone() && tr.DeletionTimestamp == nil &&
+			!answered[types.NamespacedName{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}]:
+			// Unserved: waiting, or not reached before the restart. Queued by creation, so
+			// nobody created later is served first.
+			r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: platformOf(tr),
+				Created: tr.CreationTimestamp.Time, Exclude: failedHosts(tr)})
+		}
+	}
+	r.restored.Store(true)
+	return nil
 }
 
 // wake reconciles waiters that can now be served, at once: this, not polling, is how a freed
-// slot reaches the next task.
+// slot reaches the next task. It never blocks a reconcile and never drops a wake-up (a dropped
+// one would leave a waiter asleep with a free slot in front of it): when the channel is full,
+// the send waits in a goroutine of its own.
 func (r *Reconciler) wake(tasks []allocation.Task) {
 	for _, t := range tasks {
 		tr := &pipelinev1.TaskRun{}
 		tr.Namespace, tr.Name = t.Namespace, t.Name
+		ev := event.GenericEvent{Object: tr}
 		select {
-		case r.wakeups <- event.GenericEvent{Object: tr}:
+		case r.wakeups <- ev:
 		default:
-			// The channel is full only under a burst; the task is reconciled on its next event
-			// or its wait-timeout check. Never block a reconcile on it.
+			go func() { r.wakeups <- ev }()
 		}
 	}
-	publishUsage(r.Ledger)
 }
 
 func (r *Reconciler) event(tr *pipelinev1.TaskRun, eventType, reason, format string, args ...any) {

@@ -30,6 +30,7 @@ import (
 // made (mapped to their TaskRun), internal TaskRuns (mapped to their user task), and wake-ups.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	r.wakeups = make(chan event.GenericEvent, 4096)
+	occupancy.ledger.Store(r.Ledger)
 	if r.now == nil {
 		r.now = time.Now
 	}

@@ -3,6 +3,7 @@ package taskrun
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -326,6 +327,9 @@ func (r *Reconciler) patchLabels(ctx context.Context, tr *pipelinev1.TaskRun, mu
 		tr.Labels = map[string]string{}
 	}
 	mutate(tr)
+	if maps.Equal(before.Labels, tr.Labels) && maps.Equal(before.Annotations, tr.Annotations) && slices.Equal(before.Finalizers, tr.Finalizers) {
+		return nil
+	}
 	return r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
