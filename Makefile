@@ -6,12 +6,17 @@ GO ?= go
 # Packages whose tests are cheap enough to also run under the race detector.
 RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/controller/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
 
-.PHONY: all build test testbin prereqs run vet fuzz bench clean
+.PHONY: all build test testbin prereqs run vet fuzz bench clean generate
 
 all: build
 
 build:
 	$(GO) build -o bin/berth ./cmd/berth
+
+## generate: deep-copy code and CRDs of berth's records (api/v1alpha1 → config/crd/bases)
+CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.1
+generate:
+	$(CONTROLLER_GEN) object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=config/crd/bases
 
 ## testbin: build kube-apiserver and etcd into bin/k8s/<version> (no-op when present)
 testbin:

@@ -33,7 +33,7 @@ const (
 	tektonPath = "github.com/tektoncd/pipeline"
 )
 
-// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs.
+// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs and berth's own.
 type ControlPlane struct {
 	// Config reaches the apiserver as a cluster admin.
 	Config *rest.Config
@@ -60,10 +60,14 @@ func Start() (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
 	scheme := Scheme()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    bins,
-		CRDDirectoryPaths:        []string{crds},
+		CRDDirectoryPaths:        []string{crds, filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: time.Minute,

@@ -1,0 +1,127 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Phase is where an allocation stands.
+type Phase string
+
+const (
+	// PhaseWaiting: every host of the platform is busy; the task is queued.
+	PhaseWaiting Phase = "Waiting"
+	// PhaseProvisioning: a slot is reserved and the record names the host and the build user
+	// before anything is done on the host (reserving and provisioning are one write).
+	PhaseProvisioning Phase = "Provisioning"
+	// PhaseReady: the build user exists and the task's secret holds its key.
+	PhaseReady Phase = "Ready"
+	// PhaseCleaning: the task has ended; the record holds what is still owed to hosts.
+	PhaseCleaning Phase = "Cleaning"
+)
+
+// TaskRunRef names the user TaskRun an allocation serves. The UID tells a TaskRun from a
+// later one re-created under the same name.
+type TaskRunRef struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	UID       types.UID `json:"uid"`
+}
+
+// Key is namespace/name.
+func (r TaskRunRef) Key() string { return r.Namespace + "/" + r.Name }
+
+// HostLogin is how berth reaches a host as its admin, copied from the config when the slot was
+// reserved, so that cleanup works whatever the config says later.
+type HostLogin struct {
+	// Host is the host's name in the config (host.<name>.*).
+	Host    string `json:"host"`
+	Address string `json:"address"`
+	// AdminUser logs in with the key in AdminSecret (key id_rsa) of the controller's namespace.
+	AdminUser   string `json:"adminUser"`
+	AdminSecret string `json:"adminSecret"`
+	// HostKey is the host's pinned SSH key, if the config pins one.
+	HostKey string `json:"hostKey,omitempty"`
+	// Platform is the platform the host serves (it decides how users are made there).
+	Platform string `json:"platform"`
+}
+
+// Debt is a build user that must be removed from a host.
+type Debt struct {
+	HostLogin `json:",inline"`
+	BuildUser string `json:"buildUser"`
+	// HoldsSlot is set when the debt keeps a slot of the host busy until the user is gone.
+	HoldsSlot bool `json:"holdsSlot,omitempty"`
+}
+
+// AllocationSpec is what the task asked for; it does not change.
+type AllocationSpec struct {
+	TaskRun  TaskRunRef `json:"taskRun"`
+	Platform string     `json:"platform"`
+	// Strategy is how the platform is served (static, dynamic, ...).
+	Strategy string `json:"strategy"`
+	// Queued orders waiters of a namespace: first queued, first served.
+	Queued metav1.Time `json:"queued"`
+}
+
+// AllocationStatus is berth's bookkeeping, written before each step on a host.
+type AllocationStatus struct {
+	Phase Phase `json:"phase,omitempty"`
+	// Login is the host the task holds a slot of, with how to reach it.
+	Login *HostLogin `json:"login,omitempty"`
+	// BuildUser is the task's user on that host; its name carries the TaskRun's UID and the
+	// attempt, so no two attempts or TaskRuns ever share one.
+	BuildUser string `json:"buildUser,omitempty"`
+	Attempt   int    `json:"attempt,omitempty"`
+	UserDir   string `json:"userDir,omitempty"`
+	// FailedHosts are hosts whose provisioning failed for this task.
+	FailedHosts []string `json:"failedHosts,omitempty"`
+	// Debts are build users still to be removed: from earlier attempts, and the task's own
+	// once it has ended. The record goes only when none is left.
+	Debts []Debt `json:"debts,omitempty"`
+	// SecretDigest is the SHA-256 of the data berth last wrote into the task's secret; a
+	// secret that no longer matches was changed by someone else.
+	SecretDigest string `json:"secretDigest,omitempty"`
+	// SecretTampered is set once the tenant changed or deleted the secret: the host is never
+	// touched again for this user except to remove it.
+	SecretTampered bool `json:"secretTampered,omitempty"`
+	// Message is the last error, for people.
+	Message string `json:"message,omitempty"`
+	// CleanFailures counts failed clean attempts in a row; it spaces out retries.
+	CleanFailures int          `json:"cleanFailures,omitempty"`
+	ReservedAt    *metav1.Time `json:"reservedAt,omitempty"`
+	ReadyAt       *metav1.Time `json:"readyAt,omitempty"`
+	EndedAt       *metav1.Time `json:"endedAt,omitempty"`
+}
+
+// Allocation records one user TaskRun that holds or waits for capacity. Its name is the
+// TaskRun's UID.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=alloc
+// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec.taskRun.namespace`
+// +kubebuilder:printcolumn:name="TaskRun",type=string,JSONPath=`.spec.taskRun.name`
+// +kubebuilder:printcolumn:name="Platform",type=string,JSONPath=`.spec.platform`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.status.login.host`
+// +kubebuilder:printcolumn:name="User",type=string,JSONPath=`.status.buildUser`
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.message`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Allocation struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   AllocationSpec   `json:"spec"`
+	Status AllocationStatus `json:"status,omitempty"`
+}
+
+// AllocationList is a list of Allocations.
+//
+// +kubebuilder:object:root=true
+type AllocationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Allocation `json:"items"`
+}
+
+func init() { SchemeBuilder.Register(&Allocation{}, &AllocationList{}) }
