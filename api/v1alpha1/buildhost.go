@@ -11,6 +11,9 @@ type BuildHostSpec struct {
 	HostName string `json:"hostName"`
 	// Drained hosts take no new task; running tasks finish (berth host drain / undrain).
 	Drained bool `json:"drained,omitempty"`
+	// Forget asks berth to drop every build user still owed to this host (berth host forget):
+	// for a host that is gone for good. berth clears it once done and leaves the host drained.
+	Forget bool `json:"forget,omitempty"`
 }
 
 // BuildHostStatus is what berth has seen of the host.

@@ -253,3 +253,28 @@ func TestEnqueuedWaitersKeepTheirTurnAfterARestart(t *testing.T) {
 		t.Fatalf("the oldest restored waiter did not get the slot: %+v", g)
 	}
 }
+
+func TestTransferKeepsTheSlotBusy(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{Name: "h", Platform: "linux/arm64", Capacity: 1}})
+	a, b := Task{Namespace: "ns", Name: "a"}, Task{Namespace: "ns", Name: "b"}
+	debt := Task{Name: "debt/a"}
+	if g := l.Acquire(Request{Task: a, Platform: "linux/arm64"}); g.Host != "h" {
+		t.Fatalf("a got %+v, want h", g)
+	}
+	if !l.Transfer(a, debt) {
+		t.Fatal("Transfer of a held slot reported nothing held")
+	}
+	if wake := l.Release(a); len(wake) != 0 {
+		t.Fatalf("releasing the task after the transfer woke %v; its slot belongs to the debt", wake)
+	}
+	if g := l.Acquire(Request{Task: b, Platform: "linux/arm64"}); g.Host != "" {
+		t.Fatalf("b got %s while the debt holds the only slot", g.Host)
+	}
+	if wake := l.Release(debt); len(wake) != 1 || wake[0] != b {
+		t.Fatalf("paying the debt woke %v, want [b]", wake)
+	}
+	if l.Transfer(a, debt) {
+		t.Fatal("Transfer from a task holding nothing reported success")
+	}
+}

@@ -45,10 +45,12 @@ func newControllerCommand() *cobra.Command {
 	f.IntVar(&o.ConcurrentReconciles, "concurrent-reconciles", o.ConcurrentReconciles, "TaskRuns reconciled in parallel")
 	f.DurationVar(&o.WaitTimeout, "wait-timeout", o.WaitTimeout, "how long a task may wait for a host before it gets an error; 0 waits forever")
 	f.DurationVar(&o.FailedTaskRetention, "failed-task-retention", o.FailedTaskRetention, "how long failed provision, clean and update TaskRuns are kept for their logs")
-	f.DurationVar(&o.HostCheckInterval, "host-check-interval", o.HostCheckInterval, "how often each static host is checked (update TaskRun); 0 disables checks")
+	f.DurationVar(&o.HostCheckInterval, "host-check-interval", o.HostCheckInterval, "how often each static host is checked; 0 disables checks")
 	f.StringVar(&o.ProvisionTask, "provision-task", o.ProvisionTask, "the Task provision TaskRuns run")
 	f.StringVar(&o.CleanTask, "clean-task", o.CleanTask, "the Task clean TaskRuns run")
 	f.StringVar(&o.UpdateTask, "update-task", o.UpdateTask, "the Task update TaskRuns run")
 	f.StringVar(&o.TaskServiceAccount, "task-service-account", o.TaskServiceAccount, "the ServiceAccount internal TaskRuns run as")
+	f.StringVar(&o.Provisioner, "provisioner", o.Provisioner, "how hosts are worked on: ssh (by the controller itself; admin keys never leave it) or taskrun (internal TaskRuns, where only pods may reach hosts)")
+	f.IntVar(&o.SSHWorkers, "ssh-workers", o.SSHWorkers, "host jobs (provision, clean) the ssh provisioner runs at once")
 	return cmd
 }

@@ -159,7 +159,7 @@ func newHostCleanCommand() *cobra.Command {
 			if err := hostops.ValidateTaskRunRef(namespace, taskRun); err != nil {
 				return err
 			}
-			user := hostops.UserName(namespace, taskRun)
+			user := hostops.LegacyUserName(namespace, taskRun)
 			if strings.HasPrefix(platform, "windows/") || strings.HasPrefix(platform, "darwin/") {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s uses a pre-made build user; nothing to remove\n", platform)
 				return nil

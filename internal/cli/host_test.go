@@ -85,7 +85,7 @@ func TestHostProvisionCreatesTheContractSecretAndCleanRemovesTheUser(t *testing.
 	if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: "multi-platform-ssh-build-s390x"}, &secret); err != nil {
 		t.Fatal(err)
 	}
-	user := hostops.UserName(tr.Namespace, tr.Name)
+	user := hostops.LegacyUserName(tr.Namespace, tr.Name)
 	if len(secret.OwnerReferences) != 1 || secret.OwnerReferences[0].UID != tr.UID || secret.OwnerReferences[0].Kind != "TaskRun" {
 		t.Fatalf("the secret is not owned by the TaskRun: %+v", secret.OwnerReferences)
 	}

@@ -3,19 +3,27 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
+	"github.com/berth-ci/berth/internal/hostkeys"
+	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/kubescheme"
+	"github.com/berth-ci/berth/internal/provision"
+	"github.com/berth-ci/berth/internal/remote"
 )
 
 // Options configure the controller; the defaults are those of `berth controller`.
@@ -33,6 +41,13 @@ type Options struct {
 	CleanTask            string
 	UpdateTask           string
 	TaskServiceAccount   string
+	// Provisioner is how hosts are worked on: "ssh" (the controller itself) or "taskrun"
+	// (internal TaskRuns, for clusters where only pods may reach hosts).
+	Provisioner string
+	// SSHWorkers bounds host jobs running at once in the ssh provisioner.
+	SSHWorkers int
+	// MinFreeBytes below which a host check fails.
+	MinFreeBytes uint64
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
@@ -53,6 +68,9 @@ func DefaultOptions() Options {
 		CleanTask:            "clean-shared-host",
 		UpdateTask:           "update-host",
 		TaskServiceAccount:   "berth-host-tasks",
+		Provisioner:          "ssh",
+		SSHWorkers:           32,
+		MinFreeBytes:         10 << 30,
 	}
 }
 
@@ -81,9 +99,25 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		return nil, err
 	}
 	reconciler := &taskrun.Reconciler{
-		Client: mgr.GetClient(), Namespace: o.Namespace, Config: store, Ledger: allocation.New(), Recorder: recorder,
-		ProvisionTask: o.ProvisionTask, CleanTask: o.CleanTask, UpdateTask: o.UpdateTask, TaskServiceAccount: o.TaskServiceAccount,
-		WaitTimeout: o.WaitTimeout, FailedTaskRetention: o.FailedTaskRetention,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
+		Ledger: allocation.New(), Recorder: recorder, NewKey: hostops.NewKey,
+		WaitTimeout: o.WaitTimeout,
+	}
+	if o.HostCheckInterval > 0 {
+		reconciler.QuarantineAfterCleanFailures = 3
+	}
+	switch o.Provisioner {
+	case "ssh", "":
+		uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
+		if err != nil {
+			return nil, err
+		}
+		reconciler.Provisioner = provision.NewSSH(provision.Hostops{MinFreeBytes: o.MinFreeBytes},
+			adminKeyReader(mgr.GetAPIReader(), o.Namespace),
+			hostKeysOf(hostkeys.Store{Client: uncached, Namespace: o.Namespace}),
+			o.SSHWorkers, reconciler.Notify)
+	default:
+		return nil, fmt.Errorf("--provisioner=%q: want ssh or taskrun", o.Provisioner)
 	}
 	if err := reconciler.SetupWithManager(mgr, o.ConcurrentReconciles); err != nil {
 		return nil, err
@@ -98,4 +132,34 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		return nil, err
 	}
 	return mgr, nil
+}
+
+// adminKeyReader reads an admin key when a host job needs it, past the cache: no admin key is
+// ever held in the controller's memory longer than one job.
+func adminKeyReader(r client.Reader, namespace string) func(context.Context, string) ([]byte, error) {
+	return func(ctx context.Context, name string) ([]byte, error) {
+		var s corev1.Secret
+		if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); err != nil {
+			return nil, err
+		}
+		key, ok := s.Data["id_rsa"]
+		if !ok {
+			return nil, fmt.Errorf("secret %s/%s has no key id_rsa", namespace, name)
+		}
+		return key, nil
+	}
+}
+
+// hostKeysOf accepts a host's pinned key, or else the key recorded at first contact.
+func hostKeysOf(known hostkeys.Store) func(berthv1.HostLogin) (remote.HostKeys, error) {
+	return func(login berthv1.HostLogin) (remote.HostKeys, error) {
+		if login.HostKey != "" {
+			pinned, err := remote.ParsePinned(login.HostKey)
+			if err != nil {
+				return nil, fmt.Errorf("host %s: pinned host key: %w", login.Host, err)
+			}
+			return pinned, nil
+		}
+		return remote.TrustOnFirstUse{Store: known}, nil
+	}
 }

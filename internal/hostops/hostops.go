@@ -21,15 +21,14 @@ import (
 	"github.com/berth-ci/berth/internal/remote"
 )
 
-// UserName is the build user of a TaskRun: "u-" and 12 hex digits of a hash of namespace and
-// name. It is a valid Linux user name and the same for every retry of the same TaskRun, so a
-// repeated provision or clean finds the user of the first attempt.
-func UserName(namespace, taskRun string) string {
+// LegacyUserName is the build user earlier berth releases made for a TaskRun: "u-" and 12 hex
+// digits of a hash of namespace and name. Kept to clean up after them.
+func LegacyUserName(namespace, taskRun string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + taskRun))
 	return "u-" + hex.EncodeToString(sum[:6])
 }
 
-var userNameRE = regexp.MustCompile(`^u-[0-9a-f]{12}$`)
+var userNameRE = regexp.MustCompile(`^u-([0-9a-f]{12}|[0-9a-f]{24}-[0-9]{1,4})$`)
 
 // Limits bound what one build may take of a shared host.
 type Limits struct {
@@ -95,7 +94,7 @@ func Provision(ctx context.Context, req ProvisionRequest) (*Provisioned, error) 
 	if err != nil {
 		return nil, fmt.Errorf("SUDO_COMMANDS: %w", err)
 	}
-	user := UserName(req.Namespace, req.TaskRun)
+	user := LegacyUserName(req.Namespace, req.TaskRun)
 	if usesPremadeUser(req.Platform) {
 		return &Provisioned{User: req.Target.User, Address: req.Target.Address,
 			UserDir: "berth-builds/" + user, PrivateKeyPEM: req.AdminKeyPEM}, nil

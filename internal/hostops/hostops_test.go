@@ -55,7 +55,7 @@ func TestProvisionedUserIsUnprivilegedWithExactSudo(t *testing.T) {
 	h := f.Hosts[0]
 	p := provision(t, f, h, "build-s390x-abc12", "/usr/bin/whoami, /usr/bin/ls /root")
 
-	if p.User != UserName("builds", "build-s390x-abc12") || p.Address != h.Address || p.Host() != p.User+"@"+h.Address {
+	if p.User != LegacyUserName("builds", "build-s390x-abc12") || p.Address != h.Address || p.Host() != p.User+"@"+h.Address {
 		t.Fatalf("provisioned %+v", p)
 	}
 	if p.UserDir != "/home/"+p.User+"/build" {
@@ -189,7 +189,7 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 	store := &memoryKnownHosts{keys: map[string]string{}}
 	tofu := adminTarget(f, h)
 	tofu.HostKeys = remote.TrustOnFirstUse{Store: store}
-	if err := Clean(ctx, tofu, UserName("builds", "never-made")); err != nil {
+	if err := Clean(ctx, tofu, LegacyUserName("builds", "never-made")); err != nil {
 		t.Fatalf("first contact must be accepted and recorded: %v", err)
 	}
 	if got := store.keys[h.Address]; got != strings.TrimSpace(string(ssh.MarshalAuthorizedKey(h.HostKey))) {
@@ -197,7 +197,7 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 	}
 	// The host is "rebuilt": the record now disagrees with what it presents.
 	store.keys[h.Address] = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(other.HostKey)))
-	err = Clean(ctx, tofu, UserName("builds", "never-made"))
+	err = Clean(ctx, tofu, LegacyUserName("builds", "never-made"))
 	if !errors.As(err, &changed) || !strings.Contains(err.Error(), "host "+h.Address+" presented SSH host key") {
 		t.Fatalf("want a refusal of the changed key, got %v", err)
 	}
@@ -258,14 +258,14 @@ func TestPremadeUserPlatforms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Host() != "builder@mac-1.example.com" || string(p.PrivateKeyPEM) != "KEY" || p.UserDir != "berth-builds/"+UserName("builds", "mac-build") {
+	if p.Host() != "builder@mac-1.example.com" || string(p.PrivateKeyPEM) != "KEY" || p.UserDir != "berth-builds/"+LegacyUserName("builds", "mac-build") {
 		t.Fatalf("darwin task got %+v", p)
 	}
 }
 
 func TestUserNameIsStableAndValid(t *testing.T) {
-	a, b := UserName("builds", "x"), UserName("builds", "x")
-	if a != b || !userNameRE.MatchString(a) || UserName("build", "sx") == a {
+	a, b := LegacyUserName("builds", "x"), LegacyUserName("builds", "x")
+	if a != b || !userNameRE.MatchString(a) || LegacyUserName("build", "sx") == a {
 		t.Fatalf("UserName: %q %q", a, b)
 	}
 }

@@ -24,7 +24,7 @@ func TestEndToEnd(t *testing.T) {
 	ns := namespace(t)
 	tr := create(t, userTaskRun(ns, "build", platform, remoteBuild))
 	secret := secretOf(t, tr)
-	user := hostops.UserName(ns, "build")
+	user := hostops.UserName(string(tr.UID), 1)
 	host := strings.TrimPrefix(string(secret.Data["host"]), user+"@")
 	if !strings.HasPrefix(string(secret.Data["host"]), user+"@") {
 		t.Fatalf("secret host %q, want %s@<address>; error: %s", secret.Data["host"], user, secret.Data["error"])

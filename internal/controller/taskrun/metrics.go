@@ -17,7 +17,7 @@ var (
 	}, []string{"platform"})
 	allocationSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "berth_allocation_seconds",
-		Help:    "Time from reserving a host until the task's secret existed (provisioning included).",
+		Help:    "Time from reserving a host until the task's secret was written (provisioning included).",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 	}, []string{"platform"})
 	taskSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -25,10 +25,14 @@ var (
 		Help:    "Time a user TaskRun held its host, from reservation to release.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 16),
 	}, []string{"platform"})
-	internalTasks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "berth_internal_taskruns_total",
-		Help: "Provision, clean and update TaskRuns that ended, by outcome.",
-	}, []string{"type", "outcome"})
+	mirrorReverts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "berth_mirror_reverts_total",
+		Help: "Edits of berth's labels, annotations or finalizer on user TaskRuns that berth undid.",
+	})
+	cleanFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_clean_failures_total",
+		Help: "Failed attempts to remove a build user from a host; each is retried with backoff.",
+	}, []string{"host"})
 	errorSecrets = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_error_secrets_total",
 		Help: "User tasks answered with an error secret, by reason.",
@@ -36,7 +40,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(waitSeconds, allocationSeconds, taskSeconds, internalTasks, errorSecrets, occupancy)
+	metrics.Registry.MustRegister(waitSeconds, allocationSeconds, taskSeconds, mirrorReverts, cleanFailures, errorSecrets, occupancy)
 }
 
 // occupancy reports the ledger's state when Prometheus scrapes, not when it changes: it can

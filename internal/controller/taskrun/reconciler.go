@@ -1,17 +1,18 @@
 // Package taskrun is berth's TaskRun controller: it gives each user TaskRun that asks for a
 // platform a host (or an error it can act on) through the secret multi-platform-ssh-<name>,
-// and cleans up when the TaskRun ends. Internal TaskRuns (provision, clean, update) are its
-// hands on the hosts.
+// and cleans up when the TaskRun ends. It decides only from its own records (Allocations and
+// BuildHosts in its namespace) and its config; labels on a tenant's TaskRun are mirrors it
+// writes and never reads.
 package taskrun
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,30 +22,44 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/provision"
 )
 
-// Reconciler reconciles user and internal TaskRuns.
-type Reconciler struct {
-	Client    client.Client // cached reads (stripped TaskRuns, labelled secrets); writes by patch
-	Namespace string        // the controller's: internal TaskRuns, config, admin secrets
-	Config    *hostconfig.Store
-	Ledger    *allocation.Ledger
-	Recorder  events.EventRecorder
+// KeyPair makes a fresh key pair for one build user: the OpenSSH private key (for the task's
+// secret) and the authorized_keys line (the only part that reaches the host).
+type KeyPair func(comment string) (private, authorized []byte, err error)
 
-	ProvisionTask, CleanTask, UpdateTask string // Task names in Namespace
-	TaskServiceAccount                   string // runs the internal TaskRuns
+// Reconciler reconciles user TaskRuns and the records that serve them.
+type Reconciler struct {
+	// Client reads from the cache (stripped TaskRuns, berth's own secrets, records) and writes.
+	Client client.Client
+	// APIReader reads past the cache, where a stale read would cost a wrong decision.
+	APIReader   client.Reader
+	Namespace   string // the controller's: records, config, admin secrets
+	Config      *hostconfig.Store
+	Ledger      *allocation.Ledger
+	Recorder    events.EventRecorder
+	Provisioner provision.Provisioner
+	NewKey      KeyPair
 	// WaitTimeout ends a wait for a host with an error secret; 0 waits forever.
 	WaitTimeout time.Duration
-	// FailedTaskRetention keeps failed internal TaskRuns for their logs.
-	FailedTaskRetention time.Duration
+	// MirrorRevertInterval is the least time between two reverts of a tenant's edit of the
+	// mirrors on one TaskRun, so an edit loop cannot drive unbounded writes.
+	MirrorRevertInterval time.Duration
+	// QuarantineAfterCleanFailures quarantines a host once a clean failed that many times in
+	// a row; 0 never does.
+	QuarantineAfterCleanFailures int
 
 	wakeups  chan event.GenericEvent
 	restore  sync.Mutex
 	restored atomic.Bool
-	counted  sync.Map // UIDs of internal TaskRuns whose outcome was counted
+	keys     sync.Map // "uid/attempt" → private key of a user being provisioned
+	mirrors  sync.Map // TaskRun UID → mirrorState berth last wrote
+	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	now      func() time.Time
 }
 
@@ -54,13 +69,18 @@ type kind int
 const (
 	unrelated kind = iota
 	userTask
-	internalTask
 )
 
-func classify(tr *pipelinev1.TaskRun) kind {
-	if tr.Labels[contract.TaskTypeLabel] != "" {
-		return internalTask
+// classify tells user TaskRuns from the rest. A task-type label makes a TaskRun berth's own
+// only in the controller's namespace, where no tenant writes; anywhere else it is ignored.
+func (r *Reconciler) classify(tr *pipelinev1.TaskRun) kind {
+	if tr.Namespace == r.Namespace && tr.Labels[contract.TaskTypeLabel] != "" {
+		return unrelated
 	}
+	return classifyUser(tr)
+}
+
+func classifyUser(tr *pipelinev1.TaskRun) kind {
 	if platformOf(tr) == "" || tr.Status.TaskSpec == nil {
 		return unrelated
 	}
@@ -85,109 +105,106 @@ func taskOf(tr *pipelinev1.TaskRun) allocation.Task {
 	return allocation.Task{Namespace: tr.Namespace, Name: tr.Name}
 }
 
-// Reconcile dispatches a TaskRun to the user or internal flow.
+// Reconcile handles one TaskRun name: the TaskRun, if it is a user task, and every record of
+// a TaskRun that had this name (a deleted one, or one re-created under the same name).
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if err := r.restoreOnce(ctx); err != nil {
+	if done, err := r.restoreOnce(ctx); !done || err != nil {
+		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, err
+	}
+	var tr *pipelinev1.TaskRun
+	var got pipelinev1.TaskRun
+	switch err := r.Client.Get(ctx, req.NamespacedName, &got); {
+	case err == nil && r.classify(&got) == userTask:
+		tr = &got
+	case err != nil && !apierrors.IsNotFound(err):
 		return reconcile.Result{}, err
 	}
-	var tr pipelinev1.TaskRun
-	if err := r.Client.Get(ctx, req.NamespacedName, &tr); err != nil {
-		if client.IgnoreNotFound(err) == nil {
-			// Gone without our finalizer: it held no host, but it may have been waiting.
-			r.wake(r.Ledger.Release(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
-			return reconcile.Result{}, nil
-		}
+	records, err := r.recordsOf(ctx, req.NamespacedName)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	log := logr.FromContextOrDiscard(ctx)
-	var (
-		result reconcile.Result
-		err    error
-	)
-	switch classify(&tr) {
-	case userTask:
-		result, err = r.reconcileUser(logr.NewContext(ctx, log.WithValues("platform", platformOf(&tr))), &tr)
-	case internalTask:
-		result, err = r.reconcileInternal(ctx, &tr)
-	}
-	if apierrors.IsConflict(err) {
-		// Our copy was stale (a write raced ours); nothing failed. Try again with a fresh one.
-		return reconcile.Result{Requeue: true}, nil
-	}
-	return result, err
-}
-
-// restore rebuilds the ledger from the TaskRuns once, before the first decision, so a
-// restarted controller knows who holds which host (assigned-host) and who still waits for one
-// (no host, no secret), in order of creation.
-// Workers wait for it; a failed attempt is retried by the next reconcile.
-func (r *Reconciler) restoreOnce(ctx context.Context) error {
-	if r.restored.Load() {
-		return nil
-	}
-	r.restore.Lock()
-	defer r.restore.Unlock()
-	if r.restored.Load() {
-		return nil
-	}
-	var list pipelinev1.TaskRunList
-	if err := r.Client.List(ctx, &list); err != nil {
-		return err
-	}
-	var secrets corev1.SecretList
-	if err := r.Client.List(ctx, &secrets); err != nil {
-		return err
-	}
-	answered := map[types.NamespacedName]bool{}
-	for _, s := range secrets.Items {
-		answered[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = true
-	}
-	for i := range list.Items {
-		tr := &list.Items[i]
-		if classify(tr) != userTask {
+	var results outcomes
+	var own *berthv1.Allocation
+	for _, rec := range records {
+		if tr != nil && rec.Spec.TaskRun.UID == tr.UID {
+			own = rec
 			continue
 		}
-		switch host := tr.Labels[contract.AssignedHostLabel]; {
-		case host != "" && host != contract.Localhost:
-			// Also when the task is done: it holds the slot until finish has removed the
-			// label, and that reconcile is on its way.
-			r.Ledger.Restore(taskOf(tr), host, platformOf(tr))
-		case host == "" && !tr.IsDone() && tr.DeletionTimestamp == nil &&
-			!answered[types.NamespacedName{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}]:
-			// Unserved: waiting, or not reached before the restart. Queued by creation, so
-			// nobody created later is served first.
-			r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: platformOf(tr),
-				Created: tr.CreationTimestamp.Time, Exclude: failedHosts(tr)})
-		}
+		results.add(r.settleOrphan(ctx, rec))
 	}
-	r.restored.Store(true)
-	return nil
+	if tr != nil {
+		results.add(r.reconcileUser(ctx, tr, own))
+	} else if len(records) == 0 {
+		// Gone without a record: it may still sit in a queue rebuilt before it went.
+		r.wake(r.Ledger.Release(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
+	}
+	return results.result()
 }
 
-// wake reconciles waiters that can now be served, at once: this, not polling, is how a freed
-// slot reaches the next task. It never blocks a reconcile and never drops a wake-up (a dropped
-// one would leave a waiter asleep with a free slot in front of it): when the channel is full,
-// the send waits in a goroutine of its own.
+// outcomes aggregates the phases' results: the first real error wins, the soonest requeue
+// wins, and a conflict (someone wrote first; our copy was stale) is a quick retry, not an error.
+type outcomes struct {
+	res reconcile.Result
+	err error
+}
+
+func (o *outcomes) add(res reconcile.Result, err error) {
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || errors.Is(err, errStale) {
+		res, err = reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+	if res.RequeueAfter > 0 && (o.res.RequeueAfter == 0 || res.RequeueAfter < o.res.RequeueAfter) {
+		o.res.RequeueAfter = res.RequeueAfter
+	}
+}
+
+func (o *outcomes) result() (reconcile.Result, error) { return o.res, o.err }
+
+// errStale says the cache has not yet caught up with berth's own last write.
+var errStale = errors.New("cache behind berth's own write")
+
+// wake reconciles TaskRuns that can go on now, at once: this, not polling, is how a freed slot
+// or an ended host job reaches its task. It never blocks and never drops a wake-up.
 func (r *Reconciler) wake(tasks []allocation.Task) {
 	for _, t := range tasks {
-		tr := &pipelinev1.TaskRun{}
-		tr.Namespace, tr.Name = t.Namespace, t.Name
-		ev := event.GenericEvent{Object: tr}
-		select {
-		case r.wakeups <- ev:
-		default:
-			go func() { r.wakeups <- ev }()
+		if t.Namespace == "" {
+			continue // a cleanup debt; its record's TaskRun name is woken by its job
 		}
+		r.wakeKey(t.Namespace, t.Name)
 	}
+}
+
+func (r *Reconciler) wakeKey(namespace, name string) {
+	tr := &pipelinev1.TaskRun{}
+	tr.Namespace, tr.Name = namespace, name
+	ev := event.GenericEvent{Object: tr}
+	select {
+	case r.wakeups <- ev:
+	default:
+		go func() { r.wakeups <- ev }()
+	}
+}
+
+// Notify is the provisioner's way back: a host job of the TaskRun namespace/name ended.
+func (r *Reconciler) Notify(key string) {
+	ns, name, _ := strings.Cut(key, "/")
+	r.wakeKey(ns, name)
 }
 
 func (r *Reconciler) event(tr *pipelinev1.TaskRun, eventType, reason, format string, args ...any) {
 	r.Recorder.Eventf(tr, nil, eventType, reason, reason, format, args...)
 }
 
-func (r *Reconciler) secretOf(ctx context.Context, tr *pipelinev1.TaskRun) (*corev1.Secret, error) {
+func (r *Reconciler) recordEvent(rec *berthv1.Allocation, eventType, reason, format string, args ...any) {
+	r.Recorder.Eventf(rec, nil, eventType, reason, reason, format, args...)
+}
+
+// secretOf reads the task's secret from the cache (which holds only berth-labelled secrets).
+func (r *Reconciler) secretOf(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
 	var s corev1.Secret
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: contract.SecretPrefix + name}, &s)
 	if err != nil {
 		return nil, client.IgnoreNotFound(err)
 	}

@@ -20,34 +20,56 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 )
 
-// SetupWithManager registers the reconciler: TaskRuns that are berth's business, secrets berth
-// made (mapped to their TaskRun), internal TaskRuns (mapped to their user task), and wake-ups.
+// SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
+// TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	r.wakeups = make(chan event.GenericEvent, 4096)
 	occupancy.ledger.Store(r.Ledger)
 	if r.now == nil {
 		r.now = time.Now
 	}
+	if r.MirrorRevertInterval == 0 {
+		r.MirrorRevertInterval = time.Minute
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	r.Config.OnChange(func(cfg *config.Config) { r.wake(r.Ledger.SetHosts(ledgerHosts(cfg))) })
 	if cfg := r.Config.Config(); cfg != nil {
 		r.Ledger.SetHosts(ledgerHosts(cfg))
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey); err != nil {
+		return err
+	}
+	err := ctrl.NewControllerManagedBy(mgr).
 		Named("taskrun").
 		For(&pipelinev1.TaskRun{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return classify(o.(*pipelinev1.TaskRun)) != unrelated
+			return r.classify(o.(*pipelinev1.TaskRun)) != unrelated
 		}))).
-		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
+		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
+	if err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("buildhost").
+		For(&berthv1.BuildHost{}).
+		Complete(&HostRecords{Reconciler: r})
+}
+
+func taskRunOfRecord(_ context.Context, o client.Object) []reconcile.Request {
+	ref := o.(*berthv1.Allocation).Spec.TaskRun
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}}}
 }
 
 func ledgerHosts(cfg *config.Config) []allocation.Host {
@@ -56,14 +78,6 @@ func ledgerHosts(cfg *config.Config) []allocation.Host {
 		hosts = append(hosts, allocation.Host{Name: h.Name, Platform: string(h.Platform), Capacity: h.Concurrency})
 	}
 	return hosts
-}
-
-func userTaskOfInternal(_ context.Context, o client.Object) []reconcile.Request {
-	l := o.GetLabels()
-	if l[contract.TaskTypeLabel] == "" || l[contract.UserTaskNameLabel] == "" {
-		return nil
-	}
-	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: l[contract.UserTaskNamespaceLabel], Name: l[contract.UserTaskNameLabel]}}}
 }
 
 func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {
@@ -75,12 +89,17 @@ func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 // CacheOptions keep the controller's memory independent of what else the cluster holds: only
-// the secrets berth made, only the config ConfigMap, and TaskRuns stripped to what berth reads
-// (unrelated ones to their metadata). Writes never send a cached object whole: see patchLabels.
+// the secrets berth made (no other secret is ever held in memory; admin keys are read on demand
+// and never cached), only the config ConfigMap, records only of its own namespace, and TaskRuns
+// stripped to what berth reads (unrelated ones to their metadata). Writes never send a cached
+// TaskRun whole: see patchMirrors.
 func CacheOptions(namespace string) cache.Options {
 	byObject := hostconfig.CacheByObject(namespace)
 	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel))}
 	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: stripTaskRun}
+	own := map[string]cache.Config{namespace: {}}
+	byObject[&berthv1.Allocation{}] = cache.ByObject{Namespaces: own}
+	byObject[&berthv1.BuildHost{}] = cache.ByObject{Namespaces: own}
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 
@@ -101,7 +120,7 @@ func stripTaskRun(obj any) (any, error) {
 	}
 	tr.ManagedFields = nil
 	delete(tr.Annotations, "kubectl.kubernetes.io/last-applied-configuration")
-	if classify(tr) == unrelated && platformOf(tr) == "" {
+	if classifyUser(tr) == unrelated && platformOf(tr) == "" {
 		tr.Spec, tr.Status = pipelinev1.TaskRunSpec{}, pipelinev1.TaskRunStatus{}
 		return tr, nil
 	}

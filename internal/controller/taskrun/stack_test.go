@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller"
@@ -208,7 +209,7 @@ func get(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 }
 
 // settled waits until berth has nothing left to do for the namespace: no finalizers or
-// assigned hosts on its TaskRuns, no secrets, and no internal TaskRuns for them.
+// assigned hosts on its TaskRuns, no secrets, no records, and no internal TaskRuns for them.
 func settled(t *testing.T, ns string) {
 	t.Helper()
 	eventually(t, "everything of "+ns+" is cleaned up", func() (bool, error) {
@@ -227,6 +228,16 @@ func settled(t *testing.T, ns string) {
 		}
 		if len(secrets.Items) > 0 {
 			return false, fmt.Errorf("%d secrets left", len(secrets.Items))
+		}
+		var records berthv1.AllocationList
+		if err := c().List(context.Background(), &records, client.InNamespace(devstack.Namespace)); err != nil {
+			return false, err
+		}
+		for _, rec := range records.Items {
+			if rec.Spec.TaskRun.Namespace == ns {
+				return false, fmt.Errorf("record %s of %s is left: phase %s, debts %+v, message %q",
+					rec.Name, rec.Spec.TaskRun.Key(), rec.Status.Phase, rec.Status.Debts, rec.Status.Message)
+			}
 		}
 		var internal pipelinev1.TaskRunList
 		if err := c().List(context.Background(), &internal, client.InNamespace(devstack.Namespace),

@@ -2,53 +2,60 @@ package taskrun
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
-// reconcileUser moves a user TaskRun through its phases: finished → clean up; holding a host
-// → see provisioning through; otherwise → decide how its platform is served.
-func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
+// reconcileUser moves a user TaskRun through the phases of its record.
+func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	if tr.DeletionTimestamp != nil || tr.IsDone() {
-		return reconcile.Result{}, r.finish(ctx, tr)
+		return r.finish(ctx, tr, rec)
 	}
-	if host := tr.Labels[contract.AssignedHostLabel]; host != "" {
-		if host == contract.Localhost {
-			return reconcile.Result{}, nil
+	if rec == nil {
+		secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+		if err != nil || (secret != nil && ownedBy(secret, tr)) {
+			return reconcile.Result{}, err // answered already: local or an error
 		}
-		return r.seeProvisioningThrough(ctx, tr, host)
+		return r.admit(ctx, tr)
 	}
-	secret, err := r.secretOf(ctx, tr)
-	if err != nil || secret != nil {
-		return reconcile.Result{}, err // already answered (an error secret)
+	var results outcomes
+	switch rec.Status.Phase {
+	case berthv1.PhaseWaiting, "":
+		results.add(r.reserve(ctx, tr, rec))
+	case berthv1.PhaseProvisioning:
+		results.add(r.provision(ctx, tr, rec))
+	case berthv1.PhaseReady:
+		results.add(r.guardSecret(ctx, tr, rec))
 	}
-	return r.serve(ctx, tr)
+	if len(rec.Status.Debts) > 0 {
+		results.add(r.payDebts(ctx, rec))
+	}
+	results.add(r.mirror(ctx, tr, rec))
+	return results.result()
 }
 
-// serve decides how the task's platform is satisfied, or why it cannot be.
-func (r *Reconciler) serve(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
+// admit decides how the task's platform is served, or why it cannot be.
+func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
 	platform := platformOf(tr)
 	cfg := r.Config.Config()
-	if cfg == nil && !r.Config.Synced() {
-		// Just started: the config watcher has not read the ConfigMap yet.
-		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
-	}
 	if cfg == nil {
 		rejected, problems := r.Config.Rejected()
 		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
@@ -73,7 +80,10 @@ func (r *Reconciler) serve(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 	case strategy == config.StrategyLocal:
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	case strategy == config.StrategyStatic:
-		return r.allocate(ctx, tr, platform)
+		if why := hostops.Unsupported(platform); why != "" {
+			return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", why)
+		}
+		return r.reserve(ctx, tr, r.newRecord(tr, strategy))
 	}
 	return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", fmt.Sprintf(
 		"platform %s is configured as %s, which this berth release does not serve yet: use a static host or a local platform for it.", platform, strategy))
@@ -91,43 +101,52 @@ func knownPlatforms(cfg *config.Config) string {
 	return strings.Join(names, ", ")
 }
 
-// serveLocally tells the task to build where it runs.
+// serveLocally tells the task to build where it runs. Nothing is held, so nothing is recorded.
 func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
-	if err := tasksecret.Apply(ctx, r.Client, tasksecret.ForLocal(ownerOf(tr))); err != nil {
+	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
 	}
-	err := r.patchLabels(ctx, tr, func(tr *pipelinev1.TaskRun) {
-		tr.Labels[contract.AssignedHostLabel] = contract.Localhost
-		tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platformOf(tr))
-	})
+	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: platformOf(tr)})
 	if err == nil {
 		r.event(tr, corev1.EventTypeNormal, "Local", "platform %s is local: the task builds on this cluster", platformOf(tr))
 	}
 	return err
 }
 
-// allocate reserves a slot on a static host, or queues the task for one. The reservation is
-// written to the TaskRun (assigned-host, finalizer) before provisioning starts, so a restart
-// never forgets it.
-func (r *Reconciler) allocate(ctx context.Context, tr *pipelinev1.TaskRun, platform string) (reconcile.Result, error) {
+// reserve takes a slot for the task, or queues it. The record names host, admin login and build
+// user before anything happens on the host; only once it is written does provisioning start.
+func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	task := taskOf(tr)
-	grant := r.Ledger.Acquire(allocation.Request{Task: task, Platform: platform, Created: tr.CreationTimestamp.Time, Exclude: failedHosts(tr)})
+	grant := r.Ledger.Acquire(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+		Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
 	r.wake(grant.Wake)
 	switch {
 	case grant.Blocked:
-		return reconcile.Result{}, r.fail(ctx, tr, "AllHostsFailed", fmt.Sprintf(
+		return r.giveUp(ctx, tr, rec, "AllHostsFailed", fmt.Sprintf(
 			"no host of platform %s could be provisioned for this task (failed: %s). The hosts may be down or misconfigured; see the events of this TaskRun and tell the platform team.",
-			platform, strings.Join(failedHosts(tr), ", ")))
+			rec.Spec.Platform, strings.Join(rec.Status.FailedHosts, ", ")))
 	case grant.Host == "":
-		return r.wait(ctx, tr, platform, grant.Position)
+		return r.wait(ctx, tr, rec, grant.Position)
 	}
-	err := r.patchLabels(ctx, tr, func(tr *pipelinev1.TaskRun) {
-		tr.Labels[contract.AssignedHostLabel] = grant.Host
-		tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
-		delete(tr.Labels, contract.WaitingForPlatformLabel)
-		controllerutil.AddFinalizer(tr, contract.Finalizer)
-	})
+	host := r.Config.Host(grant.Host)
+	if host == nil {
+		r.wake(r.Ledger.Release(task))
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	private, authorized, err := r.NewKey(tr.Namespace + "/" + tr.Name)
 	if err != nil {
+		r.wake(r.Ledger.Release(task))
+		return reconcile.Result{}, err
+	}
+	next := rec.DeepCopy()
+	login := loginOf(host)
+	next.Status.Phase = berthv1.PhaseProvisioning
+	next.Status.Login = &login
+	next.Status.Attempt++
+	next.Status.BuildUser = hostops.UserName(string(tr.UID), next.Status.Attempt)
+	next.Status.UserDir, next.Status.Message = "", ""
+	next.Status.ReservedAt = r.stamp()
+	if err := r.save(ctx, next); err != nil {
 		// A reservation made just now and not recorded is not held. One made by an earlier
 		// reconcile is recorded already (this one read a stale copy): it stays.
 		if !grant.Held {
@@ -135,242 +154,405 @@ func (r *Reconciler) allocate(ctx context.Context, tr *pipelinev1.TaskRun, platf
 		}
 		return reconcile.Result{}, err
 	}
-	waitSeconds.WithLabelValues(platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
-	r.event(tr, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; provisioning a build user", grant.Host, platform)
-	return r.seeProvisioningThrough(ctx, tr, grant.Host)
+	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
+	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
+	r.event(tr, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; creating build user %s", host.Name, rec.Spec.Platform, next.Status.BuildUser)
+	var results outcomes
+	results.add(r.mirror(ctx, tr, next))
+	results.add(r.provision(ctx, tr, next))
+	return results.result()
 }
 
-// wait labels the task as waiting and tells it its place; the next freed slot wakes it. The
-// only timed requeue is the wait timeout's.
-func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, platform string, position int) (reconcile.Result, error) {
+type keyPair struct{ private, authorized []byte }
+
+func keyID(rec *berthv1.Allocation) string {
+	return string(rec.Spec.TaskRun.UID) + "/" + strconv.Itoa(rec.Status.Attempt)
+}
+
+// wait records the task as waiting and tells it its place; a freed slot wakes it. The only timed
+// requeue is the wait timeout's.
+func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, position int) (reconcile.Result, error) {
 	var left time.Duration
 	if r.WaitTimeout > 0 {
 		// Counted from creation: the same answer after a restart.
 		if left = r.WaitTimeout - r.now().Sub(tr.CreationTimestamp.Time); left <= 0 {
 			r.wake(r.Ledger.Release(taskOf(tr)))
-			return reconcile.Result{}, r.fail(ctx, tr, "WaitTimeout", fmt.Sprintf(
-				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", platform, r.WaitTimeout))
+			return r.giveUp(ctx, tr, rec, "WaitTimeout", fmt.Sprintf(
+				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
 		}
 	}
-	if tr.Labels[contract.WaitingForPlatformLabel] == "" {
-		if err := r.markWaiting(ctx, tr, platform, position); err != nil {
+	if rec.Status.Phase != berthv1.PhaseWaiting || rec.ResourceVersion == "" {
+		next := rec.DeepCopy()
+		next.Status.Phase, next.Status.Login, next.Status.BuildUser = berthv1.PhaseWaiting, nil, ""
+		if err := r.save(ctx, next); err != nil {
+			if rec.ResourceVersion == "" {
+				r.Ledger.Release(taskOf(tr))
+			}
 			return reconcile.Result{}, err
 		}
+		rec = next
+		r.event(tr, corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 	}
-	return reconcile.Result{RequeueAfter: left}, nil
+	_, err := r.mirror(ctx, tr, rec)
+	return reconcile.Result{RequeueAfter: left}, err
 }
 
-func (r *Reconciler) markWaiting(ctx context.Context, tr *pipelinev1.TaskRun, platform string, position int) error {
-	err := r.patchLabels(ctx, tr, func(tr *pipelinev1.TaskRun) {
-		tr.Labels[contract.WaitingForPlatformLabel] = contract.PlatformLabelValue(platform)
-	})
-	if err == nil {
-		r.event(tr, corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", platform, position)
+// provision sees the build user's creation through and hands the task its secret.
+func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	v, ok := r.keys.Load(keyID(rec))
+	if !ok {
+		// The private key lived only in the process that generated it (a restart, or another
+		// replica): the user made with it is of no use. Remove it and start over under a new
+		// name; never repair a user.
+		return r.redo(ctx, tr, rec, "berth restarted while the build user was being created")
 	}
-	return err
+	keys := v.(keyPair)
+	j := job(rec, *rec.Status.Login, rec.Status.BuildUser)
+	j.AuthorizedKey = keys.authorized
+	out := r.Provisioner.Provision(ctx, j)
+	if !out.Done {
+		return reconcile.Result{}, nil // its end wakes us
+	}
+	if out.Err != nil {
+		r.Provisioner.Forget(j.ID)
+		r.keys.Delete(keyID(rec))
+		return r.provisioningFailed(ctx, tr, rec, out.Err)
+	}
+	address := rec.Status.Login.Address
+	secret := tasksecret.ForHost(ownerOf(tr), tasksecret.Name(tr.Name), rec.Status.BuildUser+"@"+address, out.UserDir, keys.private)
+	if err := r.writeSecret(ctx, tr, secret); err != nil {
+		return reconcile.Result{}, err
+	}
+	next := rec.DeepCopy()
+	next.Status.Phase, next.Status.UserDir = berthv1.PhaseReady, out.UserDir
+	next.Status.SecretDigest = digest(secret.Data)
+	next.Status.ReadyAt = r.stamp()
+	if err := r.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.keys.Delete(keyID(rec))
+	r.Provisioner.Forget(j.ID)
+	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())
+	r.event(tr, corev1.EventTypeNormal, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
+	return reconcile.Result{}, nil
 }
 
-// seeProvisioningThrough runs the provision TaskRun for the reserved host and reacts to its
-// end. The secret it creates is what lets the task start.
-func (r *Reconciler) seeProvisioningThrough(ctx context.Context, tr *pipelinev1.TaskRun, hostName string) (reconcile.Result, error) {
-	secret, err := r.secretOf(ctx, tr)
+// redo owes the host the current user and provisions a new one on the same slot.
+func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, why string) (reconcile.Result, error) {
+	next := rec.DeepCopy()
+	next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser})
+	private, authorized, err := r.NewKey(tr.Namespace + "/" + tr.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	prov, err := r.internal(ctx, provisionName(tr, hostName))
+	next.Status.Attempt++
+	next.Status.BuildUser = hostops.UserName(string(tr.UID), next.Status.Attempt)
+	next.Status.Message = why
+	if err := r.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
+	r.event(tr, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
+	var results outcomes
+	results.add(r.provision(ctx, tr, next))
+	results.add(r.payDebts(ctx, next))
+	return results.result()
+}
+
+// provisioningFailed gives up on the host for this task: what the attempt left there is owed
+// (and keeps its slot until removed), the host goes into the failed hosts, and the task tries
+// another.
+func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, cause error) (reconcile.Result, error) {
+	login := *rec.Status.Login
+	why := cause.Error()
+	if errors.Is(cause, hostops.ErrUserExists) {
+		why = "a user named " + rec.Status.BuildUser + " already exists there, so berth will not touch it"
+	}
+	next := rec.DeepCopy()
+	next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
+	if !slices.Contains(next.Status.FailedHosts, login.Host) {
+		next.Status.FailedHosts = append(next.Status.FailedHosts, login.Host)
+	}
+	next.Status.Phase, next.Status.Login, next.Status.BuildUser, next.Status.Message = berthv1.PhaseWaiting, nil, "", why
+	if err := r.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.Ledger.Transfer(taskOf(tr), debtTask(next, rec.Status.BuildUser))
+	r.event(tr, corev1.EventTypeWarning, "ProvisioningFailed", "host %s: %s; trying another host", login.Host, why)
+	var results outcomes
+	results.add(r.payDebts(ctx, next))
+	results.add(r.reserve(ctx, tr, next))
+	return results.result()
+}
+
+// guardSecret notices a tenant's edit or deletion of the task's secret. The host is never
+// touched again for that user but to remove it; the secret is written back holding only an
+// error, so the task fails at once instead of hanging.
+func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	if rec.Status.SecretDigest == "" {
+		return reconcile.Result{}, nil // adopted from an earlier controller: its secret is not ours to judge
+	}
+	secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if secret != nil {
-		// Provisioned. The provision TaskRun goes only now: while its secret was not yet in
-		// the cache, its absence would have looked like "not started" and provisioned twice.
-		if prov != nil {
-			allocationSeconds.WithLabelValues(platformOf(tr)).Observe(secret.CreationTimestamp.Sub(prov.CreationTimestamp.Time).Seconds())
-			r.count(prov, "succeeded")
-			r.event(tr, corev1.EventTypeNormal, "Provisioned", "build user ready on host %s", hostName)
-			return reconcile.Result{}, r.deleteInternal(ctx, prov)
-		}
+	if secret != nil && digest(secret.Data) == rec.Status.SecretDigest {
 		return reconcile.Result{}, nil
 	}
-	switch {
-	case prov == nil:
-		host := r.Config.Host(hostName)
-		if host == nil {
-			return r.provisioningFailed(ctx, tr, hostName, "the host is no longer configured")
-		}
-		err := r.Client.Create(ctx, r.provisionTaskRun(tr, host, platformOf(tr), ""))
-		if apierrors.IsAlreadyExists(err) {
-			err = nil
-		}
-		return reconcile.Result{}, err
-	case !prov.IsDone():
-		return reconcile.Result{}, nil // its end brings us back
-	case prov.IsSuccessful():
-		return reconcile.Result{}, nil // the secret's arrival brings us back
+	// The cache may simply lag behind our own write: ask the apiserver before judging.
+	var live corev1.Secret
+	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &live)
+	if err == nil && digest(live.Data) == rec.Status.SecretDigest {
+		return reconcile.Result{}, nil
 	}
-	r.count(prov, "failed")
-	return r.provisioningFailed(ctx, tr, hostName, conditionMessage(prov))
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	if rec.Status.SecretTampered {
+		if left := r.revertWait(tr); left > 0 {
+			return reconcile.Result{RequeueAfter: left}, nil
+		}
+	}
+	msg := fmt.Sprintf("the secret %s was changed or deleted after berth wrote it, so it can no longer be trusted; berth will not touch build user %s again except to remove it. Re-run the task.",
+		tasksecret.Name(tr.Name), rec.Status.BuildUser)
+	errSecret := tasksecret.ForError(ownerOf(tr), msg)
+	if err := r.writeSecret(ctx, tr, errSecret); err != nil {
+		return reconcile.Result{}, err
+	}
+	next := rec.DeepCopy()
+	next.Status.SecretTampered, next.Status.SecretDigest, next.Status.Message = true, digest(errSecret.Data), msg
+	if err := r.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.noteRevert(tr)
+	errorSecrets.WithLabelValues("SecretTampered").Inc()
+	r.event(tr, corev1.EventTypeWarning, "SecretTampered", "%s", msg)
+	return reconcile.Result{}, nil
 }
 
-// provisioningFailed gives up on a host for this task: the host goes into failed-hosts, a clean
-// TaskRun removes whatever the attempt left there, and the slot goes to the next task; this one
-// then tries another host.
-func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.TaskRun, hostName, why string) (reconcile.Result, error) {
-	r.event(tr, corev1.EventTypeWarning, "ProvisioningFailed", "host %s: %s; trying another host", hostName, why)
-	if err := r.ensureClean(ctx, tr, hostName); err != nil {
+// giveUp answers the task with an error; what the record still owes the hosts is paid first.
+func (r *Reconciler) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, reason, message string) (reconcile.Result, error) {
+	if err := r.fail(ctx, tr, reason, message); err != nil {
 		return reconcile.Result{}, err
 	}
-	err := r.patchLabels(ctx, tr, func(tr *pipelinev1.TaskRun) {
-		delete(tr.Labels, contract.AssignedHostLabel)
-		failed := failedHosts(tr)
-		if !slices.Contains(failed, hostName) {
-			failed = append(failed, hostName)
-		}
-		if tr.Annotations == nil {
-			tr.Annotations = map[string]string{}
-		}
-		tr.Annotations[contract.FailedHostsAnnotation] = strings.Join(failed, ",")
-	})
-	if err != nil {
+	if rec.ResourceVersion == "" {
+		return reconcile.Result{}, nil
+	}
+	if len(rec.Status.Debts) == 0 {
+		return reconcile.Result{}, r.drop(ctx, rec)
+	}
+	next := rec.DeepCopy()
+	next.Status.Phase, next.Status.Message = berthv1.PhaseCleaning, message
+	if err := r.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	// The failed provision TaskRun may now go (after the retention); its own reconcile decides.
-	r.wake([]allocation.Task{{Namespace: r.Namespace, Name: provisionName(tr, hostName)}})
-	r.wake(r.Ledger.Release(taskOf(tr)))
-	return reconcile.Result{Requeue: true}, nil
+	return r.payDebts(ctx, next)
 }
 
 // finish cleans up after a task that ended or is being deleted, in an order that survives a
-// crash between any two steps: every step is idempotent, and the slot is released only after
-// the TaskRun no longer records it.
-func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun) error {
-	task := taskOf(tr)
-	host := tr.Labels[contract.AssignedHostLabel]
-	if host != "" && host != contract.Localhost {
-		prov, err := r.internal(ctx, provisionName(tr, host))
-		if err != nil {
-			return err
-		}
-		if prov != nil && !prov.IsDone() {
-			// A clean now could run before the provision it must undo; stop the provision
-			// and come back when it has ended.
-			return r.cancel(ctx, prov)
-		}
-		if err := r.ensureClean(ctx, tr, host); err != nil {
-			return err
-		}
-		if prov != nil {
-			if err := r.deleteInternal(ctx, prov); err != nil {
-				return err
-			}
+// crash between any two steps: the record takes over the build user as a debt (and the slot
+// with it) before the finalizer goes, so a dead host never blocks the TaskRun's deletion, and
+// the slot is freed only once the user is gone.
+func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	if rec != nil {
+		var err error
+		if rec, err = r.endRecord(ctx, rec); err != nil {
+			return reconcile.Result{}, err
 		}
 	}
-	if err := r.deleteSecret(ctx, tr); err != nil {
-		return err
+	if err := r.deleteSecret(ctx, tr.Namespace, tr.Name, tr.UID); err != nil {
+		return reconcile.Result{}, err
 	}
-	err := r.patchLabels(ctx, tr, func(tr *pipelinev1.TaskRun) {
-		delete(tr.Labels, contract.AssignedHostLabel)
-		delete(tr.Labels, contract.WaitingForPlatformLabel)
-		controllerutil.RemoveFinalizer(tr, contract.Finalizer)
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
+	if _, err := r.mirror(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
 	}
-	if held, ok := r.Ledger.Holder(task); ok {
-		r.event(tr, corev1.EventTypeNormal, "HostReleased", "host %s released; its build user is being removed", held)
-		if tr.Status.CompletionTime != nil && tr.Status.StartTime != nil {
-			taskSeconds.WithLabelValues(platformOf(tr)).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
-		}
+	r.mirrors.Delete(tr.UID)
+	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReadyAt != nil {
+		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
 	}
-	r.wake(r.Ledger.Release(task))
-	return nil
+	r.wake(r.Ledger.Release(taskOf(tr)))
+	if rec == nil {
+		return reconcile.Result{}, nil
+	}
+	return r.payDebts(ctx, rec)
 }
 
-// ensureClean starts the clean TaskRun that removes the task's build user from host.
-func (r *Reconciler) ensureClean(ctx context.Context, tr *pipelinev1.TaskRun, hostName string) error {
-	host := r.Config.Host(hostName)
-	if host == nil {
-		r.event(tr, corev1.EventTypeWarning, "CleanSkipped", "host %s is no longer configured; its build user for this task must be removed by hand (or by the host's update task)", hostName)
-		return nil
+// endRecord turns an ended task's hold into a debt of the record.
+func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*berthv1.Allocation, error) {
+	if rec.Status.Phase == berthv1.PhaseCleaning {
+		return rec, nil
 	}
-	err := r.Client.Create(ctx, r.cleanTaskRun(tr, host, platformOf(tr)))
-	if apierrors.IsAlreadyExists(err) {
-		return nil
+	next := rec.DeepCopy()
+	held := rec.Status.Login != nil && (rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady)
+	if held {
+		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
 	}
-	return err
+	next.Status.Phase, next.Status.Login = berthv1.PhaseCleaning, nil
+	next.Status.EndedAt = r.stamp()
+	if err := r.save(ctx, next); err != nil {
+		return nil, err
+	}
+	task := taskOfRecord(rec)
+	if held {
+		r.keys.Delete(keyID(rec))
+		r.Ledger.Transfer(task, debtTask(next, rec.Status.BuildUser))
+		r.Recorder.Eventf(rec, nil, corev1.EventTypeNormal, "HostReleased", "Finish", "task %s ended; removing build user %s from host %s before its slot is freed",
+			task, rec.Status.BuildUser, rec.Status.Login.Host)
+	}
+	r.wake(r.Ledger.Release(task))
+	return next, nil
+}
+
+// settleOrphan finishes a record whose TaskRun is gone (or was re-created under its name).
+func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
+	rec, err := r.endRecord(ctx, rec)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	ref := rec.Spec.TaskRun
+	if err := r.deleteSecret(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
+		return reconcile.Result{}, err
+	}
+	return r.payDebts(ctx, rec)
+}
+
+// payDebts removes owed build users, with backoff on failure, whatever the config says now:
+// the record holds the address and admin-key reference. A paid debt frees its slot; a record
+// with nothing owed and no running task goes.
+func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
+	var paid []berthv1.Debt
+	var failed error
+	var failedDebt berthv1.Debt
+	for _, d := range rec.Status.Debts {
+		j := job(rec, d.HostLogin, d.BuildUser)
+		out := r.Provisioner.Clean(ctx, j)
+		switch {
+		case !out.Done:
+		case out.Err != nil:
+			r.Provisioner.Forget(j.ID)
+			if failed == nil {
+				failed, failedDebt = out.Err, d
+			}
+		default:
+			paid = append(paid, d)
+		}
+	}
+	if len(paid) == 0 && failed == nil {
+		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
+			return reconcile.Result{}, r.drop(ctx, rec)
+		}
+		return reconcile.Result{}, nil
+	}
+	next := rec.DeepCopy()
+	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
+		return slices.ContainsFunc(paid, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
+	})
+	var retry time.Duration
+	if failed != nil {
+		next.Status.CleanFailures++
+		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", failedDebt.BuildUser, failedDebt.Host, failed)
+		retry = cleanBackoff(next.Status.CleanFailures)
+	} else {
+		next.Status.CleanFailures = 0
+	}
+	var err error
+	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
+		err = r.drop(ctx, rec)
+	} else {
+		err = r.save(ctx, next)
+	}
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	for _, d := range paid {
+		r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
+		if d.HoldsSlot {
+			r.wake(r.Ledger.Release(debtTask(rec, d.BuildUser)))
+		}
+	}
+	if failed != nil {
+		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
+		r.recordEvent(rec, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
+		if r.QuarantineAfterCleanFailures > 0 && next.Status.CleanFailures >= r.QuarantineAfterCleanFailures {
+			r.quarantineForCleans(ctx, failedDebt.Host, next.Status.Message)
+		}
+	}
+	return reconcile.Result{RequeueAfter: retry}, nil
+}
+
+// cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to five minutes.
+func cleanBackoff(failures int) time.Duration {
+	d := time.Second << min(failures-1, 9)
+	return min(d, 5*time.Minute)
 }
 
 // fail answers the task with an error secret it prints before it exits.
 func (r *Reconciler) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string) error {
-	if err := tasksecret.Apply(ctx, r.Client, tasksecret.ForError(ownerOf(tr), message)); err != nil {
+	if err := r.writeSecret(ctx, tr, tasksecret.ForError(ownerOf(tr), message)); err != nil {
 		return err
 	}
 	errorSecrets.WithLabelValues(reason).Inc()
 	r.event(tr, corev1.EventTypeWarning, reason, "%s", message)
-	if tr.Labels[contract.WaitingForPlatformLabel] != "" {
-		return r.patchLabels(ctx, tr, func(tr *pipelinev1.TaskRun) { delete(tr.Labels, contract.WaitingForPlatformLabel) })
+	return r.patchMirrors(ctx, tr, mirrorState{platform: platformOf(tr)})
+}
+
+// writeSecret creates the task's secret, or replaces one berth wrote earlier for this same
+// TaskRun (delete, then create: berth never needs to update a secret). A secret of that name
+// that berth did not write for this TaskRun is left alone and reported.
+func (r *Reconciler) writeSecret(ctx context.Context, tr *pipelinev1.TaskRun, s *corev1.Secret) error {
+	err := r.Client.Create(ctx, s)
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	var existing corev1.Secret
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
+		if apierrors.IsNotFound(err) {
+			return errStale
+		}
+		return err
+	}
+	if !ownedBy(&existing, tr) {
+		r.event(tr, corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
+		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
+	}
+	if err := r.Client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	return r.Client.Create(ctx, s)
+}
+
+// deleteSecret removes the task's secret if berth wrote it for that TaskRun; any other secret
+// of the name is not berth's to delete.
+func (r *Reconciler) deleteSecret(ctx context.Context, namespace, name string, uid any) error {
+	s, err := r.secretOf(ctx, namespace, name)
+	if err != nil || s == nil {
+		return err
+	}
+	for _, o := range s.OwnerReferences {
+		if string(o.UID) == fmt.Sprint(uid) && o.Kind == "TaskRun" && s.Labels[contract.SecretLabel] == "true" {
+			return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
+		}
 	}
 	return nil
 }
 
-func (r *Reconciler) deleteSecret(ctx context.Context, tr *pipelinev1.TaskRun) error {
-	s := &corev1.Secret{}
-	s.Namespace, s.Name = tr.Namespace, contract.SecretPrefix+tr.Name
-	return client.IgnoreNotFound(r.Client.Delete(ctx, s))
-}
-
-// patchLabels changes a TaskRun's metadata with a merge patch under optimistic locking. Cached
-// TaskRuns are stripped of what berth does not read, so they must never be written whole.
-func (r *Reconciler) patchLabels(ctx context.Context, tr *pipelinev1.TaskRun, mutate func(*pipelinev1.TaskRun)) error {
-	before := tr.DeepCopy()
-	if tr.Labels == nil {
-		tr.Labels = map[string]string{}
+func ownedBy(s *corev1.Secret, tr *pipelinev1.TaskRun) bool {
+	if s.Labels[contract.SecretLabel] != "true" {
+		return false
 	}
-	mutate(tr)
-	if maps.Equal(before.Labels, tr.Labels) && maps.Equal(before.Annotations, tr.Annotations) && slices.Equal(before.Finalizers, tr.Finalizers) {
-		return nil
+	for _, o := range s.OwnerReferences {
+		if o.UID == tr.UID && o.Kind == "TaskRun" {
+			return true
+		}
 	}
-	return r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-}
-
-func failedHosts(tr *pipelinev1.TaskRun) []string {
-	v := tr.Annotations[contract.FailedHostsAnnotation]
-	if v == "" {
-		return nil
-	}
-	return strings.Split(v, ",")
+	return false
 }
 
 func ownerOf(tr *pipelinev1.TaskRun) tasksecret.Owner {
 	return tasksecret.Owner{Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID}
 }
 
-func (r *Reconciler) internal(ctx context.Context, name string) (*pipelinev1.TaskRun, error) {
-	var tr pipelinev1.TaskRun
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: name}, &tr)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	return &tr, err
-}
-
-func (r *Reconciler) cancel(ctx context.Context, tr *pipelinev1.TaskRun) error {
-	if tr.Spec.Status == pipelinev1.TaskRunSpecStatusCancelled {
-		return nil
-	}
-	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"status":"`+pipelinev1.TaskRunSpecStatusCancelled+`"}}`))
-	return client.IgnoreNotFound(r.Client.Patch(ctx, tr, patch))
-}
-
-func (r *Reconciler) deleteInternal(ctx context.Context, tr *pipelinev1.TaskRun) error {
-	return client.IgnoreNotFound(r.Client.Delete(ctx, tr, client.Preconditions{UID: &tr.UID}))
-}
-
-func conditionMessage(tr *pipelinev1.TaskRun) string {
-	for _, c := range tr.Status.Conditions {
-		if c.Type == "Succeeded" && c.Message != "" {
-			return c.Message
-		}
-	}
-	return "the TaskRun failed without a message"
+func (r *Reconciler) stamp() *metav1.Time {
+	t := metav1.NewTime(r.now())
+	return &t
 }

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/rbac"
 )
@@ -151,10 +152,38 @@ func TestControllerHasExactlyItsPermissions(t *testing.T) {
 		return c.Create(ctx, event(tr, "controller-check"))
 	})
 
+	allowed(t, "create an Allocation in its namespace", func() error {
+		return c.Create(ctx, &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "controller-check"},
+			Spec: berthv1.AllocationSpec{TaskRun: berthv1.TaskRunRef{Namespace: userNamespace, Name: "x", UID: "u"}, Platform: "linux/arm64", Strategy: "static", Queued: metav1.Now()}})
+	})
+	denied(t, "create an Allocation in a user namespace", func() error {
+		return c.Create(ctx, &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Namespace: userNamespace, Name: "controller-check"},
+			Spec: berthv1.AllocationSpec{TaskRun: berthv1.TaskRunRef{Namespace: userNamespace, Name: "x", UID: "u"}, Platform: "linux/arm64", Strategy: "static", Queued: metav1.Now()}})
+	})
+	denied(t, "update a user TaskRun whole", func() error {
+		var live pipelinev1.TaskRun
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(tr), &live); err != nil {
+			return err
+		}
+		return c.Update(ctx, &live)
+	})
+	denied(t, "create a TaskRun in a user namespace", func() error {
+		return c.Create(ctx, &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: userNamespace, Name: "controller-made"},
+			Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "s", Image: "busybox", Script: "true"}}}}})
+	})
+	denied(t, "update a Secret in a user namespace", func() error {
+		s := secret(userNamespace, "controller-update-check")
+		if err := cp.Client.Create(ctx, s); err != nil {
+			return err
+		}
+		return c.Update(ctx, s)
+	})
 	denied(t, "list ConfigMaps in a user namespace", func() error {
 		return c.List(ctx, &corev1.ConfigMapList{}, client.InNamespace(userNamespace))
 	})
-	denied(t, "create a ConfigMap in its namespace", func() error { return c.Create(ctx, configMap(namespace, "controller-check")) })
+	allowed(t, "create a ConfigMap in its namespace (known hosts, switch-over marker)", func() error {
+		return c.Create(ctx, configMap(namespace, "controller-check"))
+	})
 	denied(t, "list Pods in its namespace", func() error { return c.List(ctx, &corev1.PodList{}, client.InNamespace(namespace)) })
 	denied(t, "list Pods in all namespaces", func() error { return c.List(ctx, &corev1.PodList{}) })
 	denied(t, "create a Lease in a user namespace", func() error {
@@ -171,23 +200,22 @@ func TestHostTasksHaveExactlyTheirPermissions(t *testing.T) {
 	c := clientAs(t, "berth-host-tasks")
 	tr := userTaskRun(t, "host-tasks-check")
 
-	allowed(t, "get a user TaskRun", func() error { return c.Get(ctx, client.ObjectKeyFromObject(tr), &pipelinev1.TaskRun{}) })
-	s := secret(userNamespace, "host-tasks-check")
-	allowed(t, "create a Secret in a user namespace", func() error { return c.Create(ctx, s) })
-	allowed(t, "update that Secret", func() error {
-		s.StringData = map[string]string{"k": "updated"}
-		return c.Update(ctx, s)
-	})
 	allowed(t, "create a ConfigMap in berth's namespace", func() error { return c.Create(ctx, configMap(namespace, "host-tasks-check")) })
-	allowed(t, "record an events.k8s.io Event on a user TaskRun", func() error {
+
+	s := secret(userNamespace, "host-tasks-check")
+	denied(t, "get a user TaskRun", func() error { return c.Get(ctx, client.ObjectKeyFromObject(tr), &pipelinev1.TaskRun{}) })
+	denied(t, "create a Secret in a user namespace", func() error { return c.Create(ctx, s) })
+	denied(t, "get a Secret in berth's namespace", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "any-admin-key"}, &corev1.Secret{})
+	})
+	denied(t, "record an events.k8s.io Event on a user TaskRun", func() error {
 		return c.Create(ctx, event(tr, "host-tasks-check"))
 	})
-
 	denied(t, "list Secrets in a user namespace", func() error {
 		return c.List(ctx, &corev1.SecretList{}, client.InNamespace(userNamespace))
 	})
 	denied(t, "list Secrets in all namespaces", func() error { return c.List(ctx, &corev1.SecretList{}) })
-	denied(t, "delete a Secret", func() error { return c.Delete(ctx, s) })
+	denied(t, "delete a Secret", func() error { return c.Delete(ctx, secret(userNamespace, "any")) })
 	denied(t, "list TaskRuns", func() error { return c.List(ctx, &pipelinev1.TaskRunList{}, client.InNamespace(userNamespace)) })
 	denied(t, "create a ConfigMap in a user namespace", func() error {
 		return c.Create(ctx, configMap(userNamespace, "host-tasks-check"))
@@ -214,8 +242,8 @@ func TestManifestsAreAllFoundAndLabelled(t *testing.T) {
 	}
 	sort.Strings(got)
 	want := []string{
-		"ClusterRole/berth-controller", "ClusterRole/berth-host-tasks",
-		"ClusterRoleBinding/berth-controller", "ClusterRoleBinding/berth-host-tasks",
+		"ClusterRole/berth-controller",
+		"ClusterRoleBinding/berth-controller",
 		"Role/berth-controller", "Role/berth-host-tasks",
 		"RoleBinding/berth-controller", "RoleBinding/berth-host-tasks",
 		"ServiceAccount/berth-controller", "ServiceAccount/berth-host-tasks",

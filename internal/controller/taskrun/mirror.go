@@ -1,0 +1,134 @@
+package taskrun
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/contract"
+)
+
+// mirrorState is what the labels, annotation and finalizer of a user TaskRun say, derived from
+// its record. Dashboards and tasks read them; berth only writes them.
+type mirrorState struct {
+	ended     bool   // the task is over: take host, waiting and finalizer away, leave the rest
+	host      string // assigned-host
+	platform  string // target-platform
+	waiting   bool   // waiting-for-platform
+	finalizer bool
+	failed    string // failed-hosts, comma list
+}
+
+func mirrorOf(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) mirrorState {
+	if rec == nil {
+		return mirrorState{ended: true}
+	}
+	m := mirrorState{platform: rec.Spec.Platform, failed: strings.Join(rec.Status.FailedHosts, ",")}
+	switch rec.Status.Phase {
+	case berthv1.PhaseWaiting, "":
+		m.waiting = true
+	case berthv1.PhaseProvisioning, berthv1.PhaseReady:
+		m.host, m.finalizer = rec.Status.Login.Host, true
+	default:
+		m.ended = true
+	}
+	return m
+}
+
+// apply writes m onto tr's metadata.
+func (m mirrorState) apply(tr *pipelinev1.TaskRun) {
+	if tr.Labels == nil {
+		tr.Labels = map[string]string{}
+	}
+	setOrDelete(tr.Labels, contract.AssignedHostLabel, m.host)
+	setOrDelete(tr.Labels, contract.WaitingForPlatformLabel, map[bool]string{true: contract.PlatformLabelValue(m.platform)}[m.waiting])
+	if m.finalizer {
+		controllerutil.AddFinalizer(tr, contract.Finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(tr, contract.Finalizer)
+	}
+	if m.ended {
+		return
+	}
+	tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(m.platform)
+	if m.failed != "" || tr.Annotations[contract.FailedHostsAnnotation] != "" {
+		if tr.Annotations == nil {
+			tr.Annotations = map[string]string{}
+		}
+		setOrDelete(tr.Annotations, contract.FailedHostsAnnotation, m.failed)
+	}
+}
+
+func setOrDelete(m map[string]string, key, value string) {
+	if value == "" {
+		delete(m, key)
+	} else {
+		m[key] = value
+	}
+}
+
+// mirror brings the TaskRun's mirrors in line with its record. When they differ from what
+// berth itself last wrote, a tenant edited them: the edit is reverted, at most once per
+// MirrorRevertInterval per TaskRun and with an Event, and changes nothing else.
+func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	want := mirrorOf(tr, rec)
+	last, wrote := r.mirrors.Load(tr.UID)
+	if wrote && last.(mirrorState) == want {
+		probe := tr.DeepCopy()
+		want.apply(probe)
+		if sameMetadata(tr, probe) {
+			return reconcile.Result{}, nil
+		}
+		if left := r.revertWait(tr); left > 0 {
+			return reconcile.Result{RequeueAfter: left}, nil
+		}
+		if err := r.patchMirrors(ctx, tr, want); err != nil {
+			return reconcile.Result{}, err
+		}
+		r.noteRevert(tr)
+		mirrorReverts.Inc()
+		r.event(tr, corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
+		return reconcile.Result{}, nil
+	}
+	if err := r.patchMirrors(ctx, tr, want); err != nil {
+		return reconcile.Result{}, err
+	}
+	if !want.ended {
+		r.mirrors.Store(tr.UID, want)
+	}
+	return reconcile.Result{}, nil
+}
+
+// patchMirrors writes m with a merge patch under optimistic locking. Cached TaskRuns are
+// stripped of what berth does not read, so they are never written whole.
+func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m mirrorState) error {
+	before := tr.DeepCopy()
+	m.apply(tr)
+	if sameMetadata(before, tr) {
+		return nil
+	}
+	return r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}
+
+func sameMetadata(a, b *pipelinev1.TaskRun) bool {
+	return maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) && slices.Equal(a.Finalizers, b.Finalizers)
+}
+
+func (r *Reconciler) revertWait(tr *pipelinev1.TaskRun) time.Duration {
+	v, ok := r.reverted.Load(tr.UID)
+	if !ok {
+		return 0
+	}
+	return r.MirrorRevertInterval - r.now().Sub(v.(time.Time))
+}
+
+func (r *Reconciler) noteRevert(tr *pipelinev1.TaskRun) { r.reverted.Store(tr.UID, r.now()) }

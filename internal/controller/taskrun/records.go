@@ -1,0 +1,108 @@
+package taskrun
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"slices"
+	"sort"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/provision"
+)
+
+// taskRunKeyField indexes Allocations by the namespace/name of their TaskRun.
+const taskRunKeyField = "spec.taskRun.key"
+
+func indexTaskRunKey(o client.Object) []string {
+	return []string{o.(*berthv1.Allocation).Spec.TaskRun.Key()}
+}
+
+// recordsOf lists the records of every TaskRun that had this name, oldest first.
+func (r *Reconciler) recordsOf(ctx context.Context, key types.NamespacedName) ([]*berthv1.Allocation, error) {
+	var list berthv1.AllocationList
+	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace),
+		client.MatchingFields{taskRunKeyField: key.Namespace + "/" + key.Name}); err != nil {
+		return nil, err
+	}
+	out := make([]*berthv1.Allocation, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, &list.Items[i])
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreationTimestamp.Before(&out[j].CreationTimestamp) })
+	return out, nil
+}
+
+// newRecord is the record of a TaskRun about to hold or wait for a slot.
+func (r *Reconciler) newRecord(tr *pipelinev1.TaskRun, strategy config.Strategy) *berthv1.Allocation {
+	return &berthv1.Allocation{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: string(tr.UID), Namespace: r.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"},
+		},
+		Spec: berthv1.AllocationSpec{
+			TaskRun:  berthv1.TaskRunRef{Namespace: tr.Namespace, Name: tr.Name, UID: tr.UID},
+			Platform: platformOf(tr), Strategy: string(strategy), Queued: tr.CreationTimestamp,
+		},
+	}
+}
+
+// save writes a record: created when new, else replaced under optimistic locking, so a write
+// based on a stale copy fails instead of undoing a newer one.
+func (r *Reconciler) save(ctx context.Context, rec *berthv1.Allocation) error {
+	if rec.ResourceVersion == "" {
+		return r.Client.Create(ctx, rec)
+	}
+	return r.Client.Update(ctx, rec)
+}
+
+// drop deletes a record, only the exact version this decision was made on.
+func (r *Reconciler) drop(ctx context.Context, rec *berthv1.Allocation) error {
+	return client.IgnoreNotFound(r.Client.Delete(ctx, rec,
+		client.Preconditions{UID: &rec.UID, ResourceVersion: &rec.ResourceVersion}))
+}
+
+func taskOfRecord(rec *berthv1.Allocation) allocation.Task {
+	return allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: rec.Spec.TaskRun.Name}
+}
+
+// debtTask is the ledger's name for a slot held by a cleanup berth still owes a host. Its empty
+// namespace keeps it apart from every TaskRun.
+func debtTask(rec *berthv1.Allocation, user string) allocation.Task {
+	return allocation.Task{Name: "debt/" + string(rec.Spec.TaskRun.UID) + "/" + user}
+}
+
+// job is the host work for one build user of the record.
+func job(rec *berthv1.Allocation, login berthv1.HostLogin, user string) provision.Job {
+	ref := rec.Spec.TaskRun
+	return provision.Job{
+		ID: string(ref.UID) + "/" + user, Login: login, User: user,
+		Owner: ref.Namespace + "/" + ref.Name + " " + string(ref.UID),
+		Wake:  ref.Namespace + "/" + ref.Name,
+	}
+}
+
+func loginOf(h *config.StaticHost) berthv1.HostLogin {
+	return berthv1.HostLogin{Host: h.Name, Address: h.Address, AdminUser: h.User, AdminSecret: h.Secret,
+		HostKey: h.HostKey, Platform: string(h.Platform)}
+}
+
+// digest fingerprints a secret's data, to notice someone else's edit.
+func digest(data map[string][]byte) string {
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(data)) {
+		h.Write([]byte(k))
+		h.Write([]byte{0})
+		h.Write(data[k])
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

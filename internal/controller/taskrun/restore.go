@@ -1,0 +1,139 @@
+package taskrun
+
+import (
+	"context"
+	"strconv"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/hostops"
+)
+
+// SwitchoverMarker is the ConfigMap, in the controller's namespace, that says the one-time
+// adoption of TaskRuns left by an earlier controller has happened on this cluster.
+const SwitchoverMarker = "berth-switchover"
+
+// restoreOnce rebuilds the ledger from the records, and only from them, before the first
+// decision: who holds which slot, who waits in which order, which cleanups still hold slots.
+// It needs the config (which hosts exist) and nothing else. Reconciles wait for it.
+func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
+	if r.restored.Load() {
+		return true, nil
+	}
+	r.restore.Lock()
+	defer r.restore.Unlock()
+	if r.restored.Load() {
+		return true, nil
+	}
+	if !r.Config.Synced() {
+		return false, nil
+	}
+	var list berthv1.AllocationList
+	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
+		return false, err
+	}
+	for i := range list.Items {
+		r.restoreRecord(&list.Items[i])
+	}
+	if err := r.adoptOnce(ctx); err != nil {
+		return false, err
+	}
+	r.restored.Store(true)
+	for i := range list.Items {
+		ref := list.Items[i].Spec.TaskRun
+		r.wakeKey(ref.Namespace, ref.Name)
+	}
+	return true, nil
+}
+
+func (r *Reconciler) restoreRecord(rec *berthv1.Allocation) {
+	task := taskOfRecord(rec)
+	switch rec.Status.Phase {
+	case berthv1.PhaseProvisioning, berthv1.PhaseReady:
+		if rec.Status.Login != nil {
+			r.Ledger.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
+		}
+	case berthv1.PhaseWaiting:
+		r.Ledger.Enqueue(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+			Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
+	}
+	for _, d := range rec.Status.Debts {
+		if d.HoldsSlot {
+			r.Ledger.Restore(debtTask(rec, d.BuildUser), d.Host, d.Platform)
+		}
+	}
+}
+
+// adoptOnce takes over, at berth's first start on a cluster, the TaskRuns that an earlier
+// controller (or an earlier berth) left holding a host: each gets a record owing its build user,
+// so its cleanup happens and its finalizer never sticks. After that, labels are never read.
+func (r *Reconciler) adoptOnce(ctx context.Context) error {
+	var marker corev1.ConfigMap
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: SwitchoverMarker}, &marker)
+	if err == nil || !apierrors.IsNotFound(err) {
+		return err
+	}
+	var list pipelinev1.TaskRunList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return err
+	}
+	adopted := 0
+	for i := range list.Items {
+		tr := &list.Items[i]
+		host := tr.Labels[contract.AssignedHostLabel]
+		if r.classify(tr) != userTask || host == contract.Localhost ||
+			(host == "" && !controllerutil.ContainsFinalizer(tr, contract.Finalizer)) {
+			continue
+		}
+		ok, err := r.adopt(ctx, tr, host)
+		if err != nil {
+			return err
+		}
+		if ok {
+			adopted++
+		}
+	}
+	marker = corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: SwitchoverMarker, Namespace: r.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}},
+		Data: map[string]string{"adoptedAt": r.now().UTC().Format("2006-01-02T15:04:05Z"), "adopted": strconv.Itoa(adopted)},
+	}
+	return client.IgnoreAlreadyExists(r.Client.Create(ctx, &marker))
+}
+
+func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName string) (bool, error) {
+	var existing berthv1.Allocation
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: string(tr.UID)}, &existing)
+	if err == nil {
+		return false, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	host := r.Config.Host(hostName)
+	if host == nil {
+		// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
+		r.event(tr, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
+		return false, client.IgnoreNotFound(r.patchMirrors(ctx, tr, mirrorState{ended: true}))
+	}
+	rec := r.newRecord(tr, config.StrategyStatic)
+	login := loginOf(host)
+	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
+		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
+		ReservedAt: r.stamp()}
+	if err := r.Client.Create(ctx, rec); err != nil {
+		return false, client.IgnoreAlreadyExists(err)
+	}
+	r.Ledger.Restore(taskOf(tr), host.Name, rec.Spec.Platform)
+	r.event(tr, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
+	return true, nil
+}

@@ -1,0 +1,30 @@
+package provision
+
+import (
+	"context"
+
+	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/remote"
+)
+
+// Hostops is the HostSide of berth's own host operations.
+type Hostops struct {
+	// MinFreeBytes below which a host fails its check.
+	MinFreeBytes uint64
+}
+
+// CreateUser creates the job's user with its public key.
+func (h Hostops) CreateUser(ctx context.Context, t remote.Target, job Job) (string, error) {
+	return hostops.CreateUser(ctx, t, job.Login.Platform, job.User, job.AuthorizedKey, job.Owner)
+}
+
+// RemoveUser removes a build user; one already gone is success.
+func (h Hostops) RemoveUser(ctx context.Context, t remote.Target, _ string, user string) error {
+	return hostops.Clean(ctx, t, user)
+}
+
+// Check reports whether the host is reachable and has disk to spare.
+func (h Hostops) Check(ctx context.Context, t remote.Target) Health {
+	rep := hostops.Update(ctx, hostops.UpdateRequest{Target: t, MinFreeBytes: h.MinFreeBytes})
+	return Health{Healthy: rep.Healthy, Reason: rep.Reason}
+}

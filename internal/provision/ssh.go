@@ -1,0 +1,96 @@
+package provision
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/crypto/ssh"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/remote"
+)
+
+// HostSide is what runs on a host over SSH (hostops behind it).
+type HostSide interface {
+	CreateUser(ctx context.Context, t remote.Target, job Job) (userDir string, err error)
+	RemoveUser(ctx context.Context, t remote.Target, platform, user string) error
+	Check(ctx context.Context, t remote.Target) Health
+}
+
+// SSH provisions from the controller's own process over SSH: admin keys are read on demand
+// from the controller's namespace and never written anywhere.
+type SSH struct {
+	Host HostSide
+	// AdminKey reads the private key of an admin-key secret (key id_rsa) of the controller's
+	// namespace.
+	AdminKey func(ctx context.Context, secret string) ([]byte, error)
+	// HostKeys decides which host key a host may present: the pinned one, or the one
+	// recorded at first contact.
+	HostKeys func(login berthv1.HostLogin) (remote.HostKeys, error)
+	jobs     *jobs
+}
+
+// NewSSH returns an SSH provisioner running at most workers host jobs at once.
+func NewSSH(host HostSide, adminKey func(context.Context, string) ([]byte, error),
+	hostKeys func(berthv1.HostLogin) (remote.HostKeys, error), workers int, notify Notifier) *SSH {
+	return &SSH{Host: host, AdminKey: adminKey, HostKeys: hostKeys, jobs: newJobs(workers, notify)}
+}
+
+func (s *SSH) target(ctx context.Context, login berthv1.HostLogin) (remote.Target, error) {
+	pem, err := s.AdminKey(ctx, login.AdminSecret)
+	if err != nil {
+		return remote.Target{}, fmt.Errorf("reading the admin key of host %s (secret %s): %w", login.Host, login.AdminSecret, err)
+	}
+	signer, err := ssh.ParsePrivateKey(pem)
+	if err != nil {
+		return remote.Target{}, fmt.Errorf("the admin key of host %s (secret %s, key id_rsa) is not a private key: %w", login.Host, login.AdminSecret, err)
+	}
+	keys, err := s.HostKeys(login)
+	if err != nil {
+		return remote.Target{}, err
+	}
+	return remote.Target{Address: login.Address, User: login.AdminUser, Signer: signer, HostKeys: keys}, nil
+}
+
+// Provision creates job.User on the host with job's public key.
+func (s *SSH) Provision(ctx context.Context, job Job) Outcome {
+	return s.jobs.run(ctx, "provision/"+job.ID, job.Wake, nil, func(ctx context.Context) Outcome {
+		ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+		t, err := s.target(ctx, job.Login)
+		if err != nil {
+			return Outcome{Err: err}
+		}
+		dir, err := s.Host.CreateUser(ctx, t, job)
+		return Outcome{UserDir: dir, Err: err}
+	})
+}
+
+// Clean removes job.User from the host; a user already gone is success. It starts only after
+// a provision of the same job has ended.
+func (s *SSH) Clean(ctx context.Context, job Job) Outcome {
+	return s.jobs.run(ctx, "clean/"+job.ID, job.Wake, []string{"provision/" + job.ID}, func(ctx context.Context) Outcome {
+		ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+		t, err := s.target(ctx, job.Login)
+		if err != nil {
+			return Outcome{Err: err}
+		}
+		return Outcome{Err: s.Host.RemoveUser(ctx, t, job.Login.Platform, job.User)}
+	})
+}
+
+// Check logs in and asks the host whether it takes builds.
+func (s *SSH) Check(ctx context.Context, login berthv1.HostLogin) Health {
+	t, err := s.target(ctx, login)
+	if err != nil {
+		return Health{Reason: err.Error()}
+	}
+	return s.Host.Check(ctx, t)
+}
+
+// Forget drops the outcomes of job id.
+func (s *SSH) Forget(id string) {
+	s.jobs.forget("provision/" + id)
+	s.jobs.forget("clean/" + id)
+}
