@@ -116,6 +116,9 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 			adminKeyReader(mgr.GetAPIReader(), o.Namespace),
 			hostKeysOf(hostkeys.Store{Client: uncached, Namespace: o.Namespace}),
 			o.SSHWorkers, reconciler.Notify)
+	case "taskrun":
+		reconciler.Provisioner = &provision.TaskRuns{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace,
+			ProvisionTask: o.ProvisionTask, CleanTask: o.CleanTask, UpdateTask: o.UpdateTask, ServiceAccount: o.TaskServiceAccount}
 	default:
 		return nil, fmt.Errorf("--provisioner=%q: want ssh or taskrun", o.Provisioner)
 	}

@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -25,6 +26,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/provision"
 )
 
 // SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
@@ -53,6 +55,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		For(&pipelinev1.TaskRun{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return r.classify(o.(*pipelinev1.TaskRun)) != unrelated
 		}))).
+		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
 		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
 		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
@@ -65,6 +68,20 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Named("buildhost").
 		For(&berthv1.BuildHost{}).
 		Complete(&HostRecords{Reconciler: r})
+}
+
+// userTaskOfInternal wakes the user TaskRun an internal TaskRun (--provisioner=taskrun) works
+// for. Only berth's own namespace holds internal TaskRuns; the labels elsewhere mean nothing.
+func (r *Reconciler) userTaskOfInternal(_ context.Context, o client.Object) []reconcile.Request {
+	if o.GetNamespace() != r.Namespace {
+		return nil
+	}
+	key := provision.InternalOwner(o.(*pipelinev1.TaskRun))
+	ns, name, ok := strings.Cut(key, "/")
+	if !ok {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
 }
 
 func taskRunOfRecord(_ context.Context, o client.Object) []reconcile.Request {

@@ -1,0 +1,220 @@
+package taskrun_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/taskrun"
+	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/testground/sshhosts"
+)
+
+// recordOf reads the Allocation of a TaskRun (named by its UID).
+func recordOf(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	var rec berthv1.Allocation
+	if err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec); err != nil {
+		t.Fatalf("the record of %s: %v", tr.Name, err)
+	}
+	return &rec
+}
+
+func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) {
+	t.Helper()
+	eventually(t, tr.Name+" is "+string(phase), func() (bool, error) {
+		var rec berthv1.Allocation
+		err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
+		return err == nil && rec.Status.Phase == phase, client.IgnoreNotFound(err)
+	})
+}
+
+// hostOf finds the test host a record's login names.
+func hostOf(t *testing.T, login *berthv1.HostLogin) *sshhosts.Host {
+	t.Helper()
+	for _, h := range stack.Fleet.Hosts {
+		if h.Name == login.Host {
+			return h
+		}
+	}
+	t.Fatalf("no test host %s", login.Host)
+	return nil
+}
+
+func userExists(t *testing.T, h *sshhosts.Host, user string) bool {
+	t.Helper()
+	out, err := h.Run(context.Background(), "id -u "+user+" >/dev/null 2>&1 && echo yes || echo no")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(out) == "yes"
+}
+
+// Each test stops the controller with a record in one phase, changes what a crash at that
+// point would have left, and starts a new controller: it must end with the host clean and the
+// slot free.
+
+func TestRestartWhileWaiting(t *testing.T) {
+	applyConfig(t, 1, nil)
+	ns := namespace(t)
+	var trs []*pipelinev1.TaskRun
+	for i := range stackHosts + 1 {
+		trs = append(trs, create(t, userTaskRun(ns, fmt.Sprintf("w-%d", i), platform, "")))
+	}
+	for _, tr := range trs[:stackHosts] {
+		secretOf(t, tr)
+	}
+	last := trs[stackHosts]
+	phaseIs(t, last, berthv1.PhaseWaiting)
+	restartController(t, controllerOptions())
+	finish(t, trs[0])
+	if s := secretOf(t, last); len(s.Data["id_rsa"]) == 0 {
+		t.Fatalf("the waiter got no host after the restart: %v", s.Data["error"])
+	}
+	for _, tr := range trs[1:] {
+		finish(t, tr)
+	}
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
+
+func TestRestartBetweenUserCreatedAndRecordReady(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, "half-made", platform, ""))
+	secretOf(t, tr)
+	phaseIs(t, tr, berthv1.PhaseReady)
+	first := recordOf(t, tr)
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	// What a kill between creating the user and recording it ready leaves: the user exists
+	// on the host, the record says provisioning, and the key lived only in the dead process.
+	first.Status.Phase, first.Status.SecretDigest, first.Status.ReadyAt = berthv1.PhaseProvisioning, "", nil
+	if err := c().Update(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := startController(controllerOptions()); err != nil {
+		t.Fatal(err)
+	}
+	host := hostOf(t, first.Status.Login)
+	eventually(t, "a second build user is ready and the first is gone", func() (bool, error) {
+		rec := recordOf(t, tr)
+		return rec.Status.Phase == berthv1.PhaseReady && rec.Status.Attempt == 2 && len(rec.Status.Debts) == 0 &&
+			!userExists(t, host, first.Status.BuildUser), nil
+	})
+	want := hostops.UserName(string(tr.UID), 2)
+	eventually(t, "the secret names the second user", func() (bool, error) {
+		s := secretOf(t, tr)
+		return strings.HasPrefix(string(s.Data["host"]), want+"@"), nil
+	})
+	finish(t, tr)
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
+
+func TestRestartAfterTheTaskEndedUnseen(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, "ended-unseen", platform, ""))
+	secretOf(t, tr)
+	phaseIs(t, tr, berthv1.PhaseReady)
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, tr)
+	if err := startController(controllerOptions()); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
+
+func TestRestartWhileACleanIsOwed(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, "owed", platform, ""))
+	secretOf(t, tr)
+	phaseIs(t, tr, berthv1.PhaseReady)
+	host := hostOf(t, recordOf(t, tr).Status.Login)
+	cut(t, host)
+	finish(t, tr)
+	eventually(t, "the clean failed and is owed", func() (bool, error) {
+		rec := recordOf(t, tr)
+		return rec.Status.Phase == berthv1.PhaseCleaning && rec.Status.CleanFailures > 0 && len(rec.Status.Debts) == 1, nil
+	})
+	eventually(t, "the finalizer is gone though the host is down", func() (bool, error) {
+		return len(get(t, tr).Finalizers) == 0, nil
+	})
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	restore(t, host)
+	if err := startController(controllerOptions()); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
+
+// TestSwitchOverAdoptsLabelledTaskRuns: TaskRuns that the controller berth replaces left
+// mid-build (labels, finalizer, a build user named the old way) are taken over at berth's
+// first start on the cluster, cleaned and released.
+func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	ctx := context.Background()
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	marker := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: devstack.Namespace, Name: taskrun.SwitchoverMarker}}
+	if err := client.IgnoreNotFound(c().Delete(ctx, marker)); err != nil {
+		t.Fatal(err)
+	}
+	host := hostsByName()[0]
+	tr := userTaskRun(ns, "left-behind", platform, "")
+	tr.Labels[contract.AssignedHostLabel] = host.Name
+	tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
+	tr.Finalizers = []string{contract.Finalizer}
+	create(t, tr)
+	eventually(t, "the stand-in resolved the TaskRun", func() (bool, error) {
+		return get(t, tr).Status.TaskSpec != nil, nil
+	})
+	legacy := hostops.LegacyUserName(ns, tr.Name)
+	if _, err := host.Run(ctx, "useradd --create-home "+legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := startController(controllerOptions()); err != nil {
+		t.Fatal(err)
+	}
+	phaseIs(t, tr, berthv1.PhaseReady)
+	if rec := recordOf(t, tr); rec.Status.BuildUser != legacy || rec.Status.Login.Host != host.Name {
+		t.Fatalf("adopted as %s on %s, want %s on %s", rec.Status.BuildUser, rec.Status.Login.Host, legacy, host.Name)
+	}
+	finish(t, tr)
+	settled(t, ns)
+	if userExists(t, host, legacy) {
+		t.Fatalf("the adopted build user %s is still on %s", legacy, host.Name)
+	}
+	// Adoption happens once: a TaskRun labelled after the switch-over is not taken at its word.
+	forged := userTaskRun(ns, "labelled-later", platform, "")
+	forged.Labels[contract.AssignedHostLabel] = host.Name
+	create(t, forged)
+	restartController(t, controllerOptions())
+	s := secretOf(t, forged)
+	if want := hostops.UserName(string(forged.UID), 1); !strings.HasPrefix(string(s.Data["host"]), want+"@") {
+		t.Fatalf("a TaskRun labelled after the switch-over got %q, want a fresh user %s", s.Data["host"], want)
+	}
+	finish(t, forged)
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
