@@ -31,6 +31,7 @@ func newHostCommand() *cobra.Command {
 		Short: "The steps of berth's provision, clean and update TaskRuns, run against one host over SSH",
 	}
 	cmd.AddCommand(newHostProvisionCommand(), newHostCleanCommand(), newHostUpdateCommand())
+	cmd.AddCommand(newHostDrainCommand(), newHostUndrainCommand(), newHostForgetCommand())
 	return cmd
 }
 

@@ -2,11 +2,7 @@ package taskrun
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -129,7 +125,7 @@ func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, 
 // quarantineForCleans takes a host out of service whose cleanups keep failing.
 func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why string) {
 	var bh berthv1.BuildHost
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: BuildHostName(hostName)}, &bh); err != nil {
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(hostName)}, &bh); err != nil {
 		host := r.Config.Host(hostName)
 		if host == nil {
 			return
@@ -171,7 +167,7 @@ func (r *Reconciler) owedTo(ctx context.Context, host string) ([]string, error) 
 // buildHost reads the host's record, creating it on first sight.
 func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*berthv1.BuildHost, error) {
 	var bh berthv1.BuildHost
-	key := client.ObjectKey{Namespace: r.Namespace, Name: BuildHostName(host.Name)}
+	key := client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(host.Name)}
 	err := r.Client.Get(ctx, key, &bh)
 	if err == nil {
 		return &bh, nil
@@ -196,23 +192,6 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 // syncHost tells the ledger whether the host takes new builds.
 func (r *Reconciler) syncHost(bh *berthv1.BuildHost) {
 	r.wake(r.Ledger.Quarantine(bh.Spec.HostName, bh.Spec.Drained || bh.Status.Quarantined))
-}
-
-var dnsUnsafe = regexp.MustCompile(`[^a-z0-9-]`)
-
-// BuildHostName is the record name of a host: its name when that is a DNS label, else a
-// readable prefix and a hash.
-func BuildHostName(host string) string {
-	lower := strings.ToLower(host)
-	if lower == host && !dnsUnsafe.MatchString(host) && len(host) <= 63 && host != "" && host[0] != '-' && host[len(host)-1] != '-' {
-		return host
-	}
-	sum := sha256.Sum256([]byte(host))
-	prefix := strings.Trim(dnsUnsafe.ReplaceAllString(lower, "-"), "-")
-	if len(prefix) > 40 {
-		prefix = prefix[:40]
-	}
-	return strings.TrimPrefix(prefix+"-"+hex.EncodeToString(sum[:6]), "-")
 }
 
 // HostRecords applies what operators do to BuildHost records (drain, undrain, forget).

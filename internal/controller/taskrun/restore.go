@@ -44,6 +44,15 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 	for i := range list.Items {
 		r.restoreRecord(&list.Items[i])
 	}
+	// A drained or quarantined host must not be handed out in the moments before the
+	// BuildHost loop gets to it.
+	var hosts berthv1.BuildHostList
+	if err := r.Client.List(ctx, &hosts, client.InNamespace(r.Namespace)); err != nil {
+		return false, err
+	}
+	for i := range hosts.Items {
+		r.syncHost(&hosts.Items[i])
+	}
 	if err := r.adoptOnce(ctx); err != nil {
 		return false, err
 	}

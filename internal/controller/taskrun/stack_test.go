@@ -14,7 +14,9 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/cli"
@@ -49,6 +51,15 @@ func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "berth-controller-test-")
 	if err != nil {
 		panic(err)
+	}
+	// BERTH_TEST_LOG=<file> keeps the controller's log of a run, to read after a failure.
+	if path := os.Getenv("BERTH_TEST_LOG"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			panic(err)
+		}
+		defer f.Close()
+		ctrl.SetLogger(zap.New(zap.WriteTo(f), zap.UseDevMode(true)))
 	}
 	os.Exit(runWithStack(m, dir))
 }
