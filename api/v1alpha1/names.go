@@ -23,4 +23,3 @@ func BuildHostName(host string) string {
 	}
 	return strings.TrimPrefix(prefix+"-"+hex.EncodeToString(sum[:6]), "-")
 }
-
