@@ -46,6 +46,6 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("over-commit violations", func(r *Result) float64 { return float64(r.Violations) }, "%.0f")
 	tw.Flush()
 	for i, r := range results {
-		fmt.Fprintf(w, "run %d: %s, scenario %s\n", i+1, r.Controller, r.Scenario)
+		fmt.Fprintf(w, "run %d: %s, scenario %s, hosts reached by %s\n", i+1, r.Controller, r.Scenario, r.Provisioner)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/sshfake"
 )
 
 // Scenario is a workload.
@@ -72,9 +74,12 @@ type Result struct {
 	MakespanSeconds     float64     `json:"makespanSeconds"`
 	AllocationsPerSec   float64     `json:"allocationsPerSecond"`
 	WritesPerAllocation float64     `json:"apiWritesPerAllocation"`
-	PeakRSSMiB          float64     `json:"controllerPeakRssMiB"`
-	CPUSeconds          float64     `json:"controllerCpuSeconds"`
-	Violations          int         `json:"overcommitViolations"`
+	// Provisioner is how the controller reached the hosts: ssh (from its own process) or
+	// taskrun (provision TaskRuns the simulation completed).
+	Provisioner string  `json:"provisioner"`
+	PeakRSSMiB  float64 `json:"controllerPeakRssMiB"`
+	CPUSeconds  float64 `json:"controllerCpuSeconds"`
+	Violations  int     `json:"overcommitViolations"`
 }
 
 // Percentiles of a latency, in milliseconds.
@@ -100,7 +105,7 @@ const (
 )
 
 // Run measures one controller on one scenario, on a control plane of its own.
-func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) (*Result, error) {
+func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) (_ *Result, retErr error) {
 	cp, err := controlplane.Start()
 	if err != nil {
 		return nil, err
@@ -114,14 +119,25 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 		return nil, err
 	}
 	var harnessWrites atomic.Int64
-	if err := setUp(ctx, cp, c, sc, &harnessWrites, log); err != nil {
+	var answers hostAnswers
+	hosts, err := sshfake.StartFleet(sc.Hosts, answers.answer)
+	if err != nil {
+		return nil, err
+	}
+	defer hosts.Close()
+	if err := setUp(ctx, cp, c, sc, hosts, &harnessWrites, log); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "berth-bench-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	// The controller's log stays when the run fails: the error points to it.
+	defer func() {
+		if retErr == nil {
+			os.RemoveAll(dir)
+		}
+	}()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kubeconfig, cp.KubeConfig, 0o600); err != nil {
 		return nil, err
@@ -203,7 +219,8 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 
 	mu.Lock()
 	defer mu.Unlock()
-	res := &Result{Controller: controllerCmd, Scenario: sc.Name, Tasks: sc.Tasks, PeakRSSMiB: usage.peakRSSMiB, CPUSeconds: usage.cpuSeconds}
+	res := &Result{Controller: controllerCmd, Scenario: sc.Name, Tasks: sc.Tasks, PeakRSSMiB: usage.peakRSSMiB, CPUSeconds: usage.cpuSeconds,
+		Provisioner: provisionerSeen(answers.provisions.Load(), sim.Provisions())}
 	var latencies []time.Duration
 	var lastSecret, lastDone time.Time
 	for task, created := range createdAt {
@@ -229,7 +246,24 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	if waitErr != nil {
 		return res, fmt.Errorf("%d of %d tasks finished in %s (controller log: %s)", len(doneAt)-1, sc.Tasks, timeout, ctrl.logPath)
 	}
+	if res.Served == 0 {
+		return res, fmt.Errorf("the controller served no task (controller log: %s)", ctrl.logPath)
+	}
 	return res, nil
+}
+
+// provisionerSeen names how the controller reached the hosts, from what the simulation saw:
+// SSH sessions on the simulated hosts, or provision TaskRuns.
+func provisionerSeen(overSSH, byTaskRun int64) string {
+	switch {
+	case overSSH > 0 && byTaskRun > 0:
+		return "ssh+taskrun"
+	case overSSH > 0:
+		return "ssh"
+	case byTaskRun > 0:
+		return "taskrun"
+	}
+	return "none"
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -240,19 +274,19 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 // setUp writes the scenario's config, host admin secret and unrelated TaskRuns.
-func setUp(ctx context.Context, cp *controlplane.ControlPlane, c client.Client, sc Scenario, writes *atomic.Int64, log io.Writer) error {
+func setUp(ctx context.Context, cp *controlplane.ControlPlane, c client.Client, sc Scenario, hosts *sshfake.Fleet, writes *atomic.Int64, log io.Writer) error {
 	for _, ns := range []string{controllerNamespace, userNamespace, "unrelated"} {
 		if err := cp.EnsureNamespace(ctx, ns); err != nil {
 			return err
 		}
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: adminSecret, Namespace: controllerNamespace},
-		Data: map[string][]byte{"id_rsa": []byte("simulated: the bench reaches no host")}}
+		Data: map[string][]byte{"id_rsa": hosts.AdminKeyPEM}}
 	data := map[string]string{}
-	for i := range sc.Hosts {
+	for i, h := range hosts.Servers {
 		p := fmt.Sprintf("host.bench-%03d.", i)
-		// TEST-NET-1 addresses: documentation only, and nothing ever connects to them here.
-		data[p+"address"] = fmt.Sprintf("192.0.2.%d", i%250+1)
+		data[p+"address"] = h.Address
+		data[p+"host-key"] = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(h.HostKey)))
 		data[p+"user"] = "root"
 		data[p+"platform"] = benchPlatform
 		data[p+"secret"] = adminSecret

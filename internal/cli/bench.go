@@ -12,9 +12,9 @@ import (
 
 func newBenchCommand() *cobra.Command {
 	var (
-		scenario, controllerCmd, baseline string
-		scale                             float64
-		asJSON                            bool
+		scenario, controllerCmd, baseline, provisioner string
+		scale                                          float64
+		asJSON                                         bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -24,11 +24,15 @@ func newBenchCommand() *cobra.Command {
 host admin secret, and runs the controller under test as a child process with KUBECONFIG
 (cluster admin) and POD_NAMESPACE=berth-system. A simulation plays Tekton and the hosts by
 the contract alone: it resolves user TaskRuns, completes a provision TaskRun (any
-task-type=provision TaskRun, whatever Task it references) by creating the secret its
-SECRET_NAME param names in NAMESPACE with host=USER@HOST, completes clean and update
-TaskRuns, and completes each user TaskRun 1-3 s after its secret appears. Nothing reaches a
-host. Any controller that keeps the contract can be measured like for like; it must find
-its config by the label in $POD_NAMESPACE and need nothing else installed.
+task-type=provision TaskRun, whatever Task it references: by creating the secret its
+SECRET_NAME param names in NAMESPACE with host=USER@HOST, or, with berth's USER_NAME param,
+with a user-dir result), completes clean and update TaskRuns, and completes each user TaskRun
+1-3 s after its secret appears. Every simulated host is also an SSH endpoint on loopback
+(pinned host key, the admin secret's key) that answers berth's host commands at once, for a
+controller that provisions over SSH itself (berth's default, --provisioner=ssh). Each result
+says which way the hosts were reached. Any controller that keeps the contract can be measured
+like for like; it must find its config by the label in $POD_NAMESPACE and need nothing else
+installed. A run that serves no task fails.
 
 Scenarios: static (50 hosts x 4, 2,000 TaskRuns in a burst) and idle-cluster (20,000
 unrelated TaskRuns present, then 10 hosts x 2 and 100 TaskRuns: the controller's memory with
@@ -44,7 +48,7 @@ a big cluster). --scale multiplies hosts and task counts.`,
 				if err != nil {
 					return err
 				}
-				controllerCmd = self + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --host-check-interval=0"
+				controllerCmd = self + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --host-check-interval=0 --provisioner=" + provisioner
 			}
 			commands := []string{controllerCmd}
 			if baseline != "" {
@@ -72,5 +76,6 @@ a big cluster). --scale multiplies hosts and task counts.`,
 	cmd.Flags().StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: this berth's controller)")
 	cmd.Flags().StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the results as JSON")
+	cmd.Flags().StringVar(&provisioner, "provisioner", "ssh", "how this berth's controller reaches the hosts: ssh or taskrun (ignored with --controller)")
 	return cmd
 }

@@ -113,7 +113,12 @@ func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {
 func CacheOptions(namespace string) cache.Options {
 	byObject := hostconfig.CacheByObject(namespace)
 	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel))}
-	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: stripTaskRun}
+	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: func(obj any) (any, error) {
+		if tr, ok := obj.(*pipelinev1.TaskRun); ok && tr.Namespace == namespace && tr.Labels[contract.TaskTypeLabel] != "" {
+			return stripInternalTaskRun(tr), nil
+		}
+		return stripTaskRun(obj)
+	}}
 	own := map[string]cache.Config{namespace: {}}
 	byObject[&berthv1.Allocation{}] = cache.ByObject{Namespaces: own}
 	byObject[&berthv1.BuildHost{}] = cache.ByObject{Namespaces: own}
@@ -126,6 +131,20 @@ func mustExist(key string) labels.Requirement {
 		panic(err)
 	}
 	return *r
+}
+
+// stripInternalTaskRun keeps what berth reads of its own internal TaskRuns
+// (--provisioner=taskrun): whether it was cancelled, how it ended, its results.
+func stripInternalTaskRun(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+	tr.ManagedFields = nil
+	tr.Spec = pipelinev1.TaskRunSpec{Status: tr.Spec.Status}
+	tr.Status = pipelinev1.TaskRunStatus{
+		Status: tr.Status.Status,
+		TaskRunStatusFields: pipelinev1.TaskRunStatusFields{
+			CompletionTime: tr.Status.CompletionTime, Results: tr.Status.Results,
+		},
+	}
+	return tr
 }
 
 // stripTaskRun keeps what berth reads of a TaskRun: metadata, params, the secret volumes of
