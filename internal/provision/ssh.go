@@ -3,6 +3,7 @@ package provision
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -28,12 +29,15 @@ type SSH struct {
 	// recorded at first contact.
 	HostKeys func(login berthv1.HostLogin) (remote.HostKeys, error)
 	jobs     *jobs
+	// conns keeps connections to hosts open between jobs.
+	conns *remote.Pool
 }
 
 // NewSSH returns an SSH provisioner running at most workers host jobs at once.
 func NewSSH(host HostSide, adminKey func(context.Context, string) ([]byte, error),
 	hostKeys func(berthv1.HostLogin) (remote.HostKeys, error), workers int, notify Notifier) *SSH {
-	return &SSH{Host: host, AdminKey: adminKey, HostKeys: hostKeys, jobs: newJobs(workers, notify)}
+	return &SSH{Host: host, AdminKey: adminKey, HostKeys: hostKeys, jobs: newJobs(workers, notify),
+		conns: remote.NewPool(2*time.Minute, 4)}
 }
 
 func (s *SSH) target(ctx context.Context, login berthv1.HostLogin) (remote.Target, error) {
@@ -49,7 +53,7 @@ func (s *SSH) target(ctx context.Context, login berthv1.HostLogin) (remote.Targe
 	if err != nil {
 		return remote.Target{}, err
 	}
-	return remote.Target{Address: login.Address, User: login.AdminUser, Signer: signer, HostKeys: keys}, nil
+	return remote.Target{Address: login.Address, User: login.AdminUser, Signer: signer, HostKeys: keys, Pool: s.conns}, nil
 }
 
 // Provision creates job.User on the host with job's public key.

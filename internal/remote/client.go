@@ -26,6 +26,8 @@ type Target struct {
 	HostKeys HostKeys
 	// DialTimeout bounds connecting and the handshake; DefaultDialTimeout when zero.
 	DialTimeout time.Duration
+	// Pool, if set, lends an open connection to the host instead of dialing anew.
+	Pool *Pool
 }
 
 func (t Target) hostPort() string {
@@ -52,6 +54,8 @@ func (e *UnreachableError) Unwrap() error { return e.Err }
 type Client struct {
 	conn   *ssh.Client
 	target Target
+	// broken is set when the connection may be unusable; it is then closed, not pooled.
+	broken bool
 }
 
 // Dial connects and authenticates, verifying the host key. It never takes longer than the
@@ -59,6 +63,11 @@ type Client struct {
 func Dial(ctx context.Context, t Target) (*Client, error) {
 	if t.HostKeys == nil {
 		return nil, errors.New("remote: no host key policy: refusing to connect without verifying the host")
+	}
+	if t.Pool != nil {
+		if conn := t.Pool.take(ctx, t); conn != nil {
+			return &Client{conn: conn, target: t}, nil
+		}
 	}
 	timeout := t.DialTimeout
 	if timeout <= 0 {
@@ -102,8 +111,14 @@ func Dial(ctx context.Context, t Target) (*Client, error) {
 	return &Client{conn: ssh.NewClient(sshConn, chans, reqs), target: t}, nil
 }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connection, or gives it back to the target's pool.
+func (c *Client) Close() error {
+	if c.target.Pool != nil && !c.broken {
+		c.target.Pool.put(c.target, c.conn)
+		return nil
+	}
+	return c.conn.Close()
+}
 
 // RemoteError is a command that ran on the host and failed.
 type RemoteError struct {
@@ -126,6 +141,7 @@ func (e *RemoteError) Error() string {
 func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([]byte, error) {
 	session, err := c.conn.NewSession()
 	if err != nil {
+		c.broken = true
 		return nil, fmt.Errorf("ssh %s: new session: %w", c.target.Address, err)
 	}
 	defer session.Close()
@@ -139,6 +155,7 @@ func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([
 	select {
 	case err = <-done:
 	case <-ctx.Done():
+		c.broken = true
 		_ = session.Signal(ssh.SIGKILL)
 		session.Close()
 		return nil, fmt.Errorf("on host %s, %s: %w", c.target.Address, name, ctx.Err())
@@ -148,6 +165,7 @@ func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([
 	case errors.As(err, &exit):
 		return stdout.Bytes(), &RemoteError{Host: c.target.Address, Command: name, ExitCode: exit.ExitStatus(), Stderr: stderr.String()}
 	case err != nil:
+		c.broken = true
 		return stdout.Bytes(), fmt.Errorf("on host %s, %s: %w", c.target.Address, name, err)
 	}
 	return stdout.Bytes(), nil

@@ -47,6 +47,8 @@ type Server struct {
 	handler  Handler
 	mu       sync.Mutex
 	commands []Command
+	open     map[net.Conn]bool
+	accepted int
 	conns    sync.WaitGroup
 }
 
@@ -82,6 +84,7 @@ func Start(authorized ssh.PublicKey, handler Handler) (*Server, error) {
 // Close stops listening and waits for open connections to end.
 func (s *Server) Close() error {
 	err := s.listener.Close()
+	s.DropConnections()
 	s.conns.Wait()
 	return err
 }
@@ -93,16 +96,42 @@ func (s *Server) Commands() []Command {
 	return append([]Command(nil), s.commands...)
 }
 
+// Connections is how many connections the server has accepted so far.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.accepted
+}
+
+// DropConnections cuts every open connection, as a host reboot or a network blip would.
+func (s *Server) DropConnections() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.open {
+		c.Close()
+	}
+}
+
 func (s *Server) accept() {
 	for {
 		conn, err := s.listener.Accept()
 		if err != nil {
 			return
 		}
+		s.mu.Lock()
+		if s.open == nil {
+			s.open = map[net.Conn]bool{}
+		}
+		s.open[conn] = true
+		s.accepted++
+		s.mu.Unlock()
 		s.conns.Add(1)
 		go func() {
 			defer s.conns.Done()
 			s.serve(conn)
+			s.mu.Lock()
+			delete(s.open, conn)
+			s.mu.Unlock()
 		}()
 	}
 }
