@@ -190,6 +190,16 @@ func (s *Stack) StartController(o controller.Options) error {
 	return nil
 }
 
+// ControllerKubeconfig writes (once) and returns a kubeconfig that acts as berth's controller
+// ServiceAccount, for a controller run as a separate process under the shipped RBAC.
+func (s *Stack) ControllerKubeconfig() (string, error) {
+	path := filepath.Join(filepath.Dir(s.KubeConfigPath), "controller.kubeconfig")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	return path, s.serviceAccountKubeconfig(path, ControllerServiceAccount)
+}
+
 // StopController stops the controller, as a crash or a rollout would.
 func (s *Stack) StopController() error {
 	if s.stopController == nil {
