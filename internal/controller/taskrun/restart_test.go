@@ -59,6 +59,30 @@ func userExists(t *testing.T, h *sshhosts.Host, user string) bool {
 	return strings.TrimSpace(out) == "yes"
 }
 
+// readyTask runs one task on hosts of concurrency 2 until its record is ready.
+func readyTask(t *testing.T, name string) (string, *pipelinev1.TaskRun) {
+	t.Helper()
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, name, platform, ""))
+	secretOf(t, tr)
+	phaseIs(t, tr, berthv1.PhaseReady)
+	return ns, tr
+}
+
+// whileStopped stops the controller, does what a crash at that point would have left, and
+// starts a new controller.
+func whileStopped(t *testing.T, crashLeft func()) {
+	t.Helper()
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	crashLeft()
+	if err := startController(controllerOptions()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Each test stops the controller with a record in one phase, changes what a crash at that
 // point would have left, and starts a new controller: it must end with the host clean and the
 // slot free.
@@ -88,24 +112,17 @@ func TestRestartWhileWaiting(t *testing.T) {
 }
 
 func TestRestartBetweenUserCreatedAndRecordReady(t *testing.T) {
-	applyConfig(t, 2, nil)
-	ns := namespace(t)
-	tr := create(t, userTaskRun(ns, "half-made", platform, ""))
-	secretOf(t, tr)
-	phaseIs(t, tr, berthv1.PhaseReady)
+	ns, tr := readyTask(t, "half-made")
 	first := recordOf(t, tr)
-	if err := stack.StopController(); err != nil {
-		t.Fatal(err)
-	}
-	// What a kill between creating the user and recording it ready leaves: the user exists
-	// on the host, the record says provisioning, and the key lived only in the dead process.
-	first.Status.Phase, first.Status.SecretDigest, first.Status.ReadyAt = berthv1.PhaseProvisioning, "", nil
-	if err := c().Update(context.Background(), first); err != nil {
-		t.Fatal(err)
-	}
-	if err := startController(controllerOptions()); err != nil {
-		t.Fatal(err)
-	}
+	whileStopped(t, func() {
+		// What a kill between creating the user and recording it ready leaves: the user
+		// exists on the host, the record says provisioning, and the key lived only in the
+		// dead process.
+		first.Status.Phase, first.Status.SecretDigest, first.Status.ReadyAt = berthv1.PhaseProvisioning, "", nil
+		if err := c().Update(context.Background(), first); err != nil {
+			t.Fatal(err)
+		}
+	})
 	host := hostOf(t, first.Status.Login)
 	eventually(t, "a second build user is ready and the first is gone", func() (bool, error) {
 		rec := recordOf(t, tr)
@@ -123,28 +140,14 @@ func TestRestartBetweenUserCreatedAndRecordReady(t *testing.T) {
 }
 
 func TestRestartAfterTheTaskEndedUnseen(t *testing.T) {
-	applyConfig(t, 2, nil)
-	ns := namespace(t)
-	tr := create(t, userTaskRun(ns, "ended-unseen", platform, ""))
-	secretOf(t, tr)
-	phaseIs(t, tr, berthv1.PhaseReady)
-	if err := stack.StopController(); err != nil {
-		t.Fatal(err)
-	}
-	finish(t, tr)
-	if err := startController(controllerOptions()); err != nil {
-		t.Fatal(err)
-	}
+	ns, tr := readyTask(t, "ended-unseen")
+	whileStopped(t, func() { finish(t, tr) })
 	settled(t, ns)
 	noBuildUsersLeft(t)
 }
 
 func TestRestartWhileACleanIsOwed(t *testing.T) {
-	applyConfig(t, 2, nil)
-	ns := namespace(t)
-	tr := create(t, userTaskRun(ns, "owed", platform, ""))
-	secretOf(t, tr)
-	phaseIs(t, tr, berthv1.PhaseReady)
+	ns, tr := readyTask(t, "owed")
 	host := hostOf(t, recordOf(t, tr).Status.Login)
 	cut(t, host)
 	finish(t, tr)
@@ -155,13 +158,7 @@ func TestRestartWhileACleanIsOwed(t *testing.T) {
 	eventually(t, "the finalizer is gone though the host is down", func() (bool, error) {
 		return len(get(t, tr).Finalizers) == 0, nil
 	})
-	if err := stack.StopController(); err != nil {
-		t.Fatal(err)
-	}
-	restore(t, host)
-	if err := startController(controllerOptions()); err != nil {
-		t.Fatal(err)
-	}
+	whileStopped(t, func() { restore(t, host) })
 	settled(t, ns)
 	noBuildUsersLeft(t)
 }

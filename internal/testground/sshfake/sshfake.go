@@ -54,11 +54,7 @@ type Server struct {
 
 // Start listens on a free loopback port and accepts user logins with the key authorized.
 func Start(authorized ssh.PublicKey, handler Handler) (*Server, error) {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
+	signer, _, err := newKey()
 	if err != nil {
 		return nil, err
 	}
@@ -219,19 +215,11 @@ type Fleet struct {
 
 // StartFleet starts n fake hosts.
 func StartFleet(n int, handler Handler) (*Fleet, error) {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	signer, pemKey, err := newKey()
 	if err != nil {
 		return nil, err
 	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		return nil, err
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "berth fake hosts' admin")
-	if err != nil {
-		return nil, err
-	}
-	f := &Fleet{AdminKey: signer, AdminKeyPEM: pem.EncodeToMemory(block)}
+	f := &Fleet{AdminKey: signer, AdminKeyPEM: pemKey}
 	for range n {
 		s, err := Start(signer.PublicKey(), handler)
 		if err != nil {
@@ -248,4 +236,21 @@ func (f *Fleet) Close() {
 	for _, s := range f.Servers {
 		_ = s.Close()
 	}
+}
+
+// newKey makes an ed25519 key: a signer and its OpenSSH private key file.
+func newKey() (ssh.Signer, []byte, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		return nil, nil, err
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "berth test ground")
+	if err != nil {
+		return nil, nil, err
+	}
+	return signer, pem.EncodeToMemory(block), nil
 }
