@@ -19,10 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/remote"
-	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
 func newHostCommand() *cobra.Command {
@@ -85,103 +85,85 @@ func (f *hostFlags) target(c client.Client) (remote.Target, []byte, error) {
 func newHostProvisionCommand() *cobra.Command {
 	var (
 		hf                                                              hostFlags
-		secretName, taskRun, namespace, sudoCommands, platform, instTag string
+		userName, authorizedKey, owner, sudoCommands, dirFile, platform string
 	)
 	cmd := &cobra.Command{
 		Use:   "provision",
-		Short: "Create a task's throwaway user and key on a host, and the secret the task waits for",
-		Long: `provision is the step of the provision TaskRun. It logs in to HOST as USER with the ssh
-workspace's key (verifying the host's key), creates the build user u-<hash of NAMESPACE and
-TASKRUN_NAME> with a key generated here, its build directory, resource limits and exactly the
-sudo rights of SUDO_COMMANDS, then creates SECRET_NAME in NAMESPACE, owned by the TaskRun, with
-id_rsa, host (user@address) and user-dir.
-
-On windows/... and darwin/... platforms no user is created: USER must be an unprivileged,
-pre-made build user, and the task gets that user, its key and a directory of its own
-(berth-builds/u-<hash>, relative to the user's home).`,
+		Short: "Create a task's throwaway build user on a host, with the task's public key as its only key",
+		Long: `provision is the step of the provision TaskRun (--provisioner=taskrun). It logs in to HOST
+as USER with the ssh workspace's key (verifying the host's key) and creates build user
+USER_NAME, which must not exist yet, with AUTHORIZED_KEY as its only key, a build directory,
+resource limits and exactly the sudo rights of SUDO_COMMANDS. It never sees the task's private
+key and writes no Secret: the controller made the key and writes the task's secret itself.
+The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			if err := hostops.ValidateTaskRunRef(namespace, taskRun); err != nil {
-				return err
+			if why := hostops.Unsupported(platform); why != "" {
+				return errors.New(why)
 			}
-			c, target, adminKey, err := hf.login()
-			if err != nil {
-				return err
-			}
-			var tr pipelinev1.TaskRun
-			if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: taskRun}, &tr); err != nil {
-				if apierrors.IsNotFound(err) {
-					return fmt.Errorf("TaskRun %s/%s is gone; nothing to provision", namespace, taskRun)
+			var sudo []string
+			if strings.TrimSpace(sudoCommands) != "" {
+				var err error
+				if sudo, err = config.ParseSudoCommands(sudoCommands); err != nil {
+					return fmt.Errorf("SUDO_COMMANDS: %w", err)
 				}
-				return err
-			}
-			p, err := hostops.Provision(ctx, hostops.ProvisionRequest{
-				Target: target, AdminKeyPEM: adminKey, Namespace: namespace, TaskRun: taskRun,
-				SudoCommands: sudoCommands, Platform: platform,
-			})
-			if remote.IsHostKeyChanged(err) {
-				postEvent(ctx, c, &tr, corev1.EventTypeWarning, "HostKeyChanged", err.Error())
-			}
-			if err != nil {
-				return err
-			}
-			owner := tasksecret.Owner{Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID}
-			if err := tasksecret.Apply(ctx, c, tasksecret.ForHost(owner, secretName, p.Host(), p.UserDir, p.PrivateKeyPEM)); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "provisioned %s for TaskRun %s/%s; secret %s created\n", p.Host(), namespace, taskRun, secretName)
-			return nil
-		},
-	}
-	hf.register(cmd)
-	cmd.Flags().StringVar(&secretName, "secret-name", "", "the secret to create (SECRET_NAME)")
-	cmd.Flags().StringVar(&taskRun, "taskrun-name", "", "the user TaskRun (TASKRUN_NAME)")
-	cmd.Flags().StringVar(&namespace, "namespace", "", "the user TaskRun's namespace (NAMESPACE)")
-	cmd.Flags().StringVar(&sudoCommands, "sudo-commands", "", "comma list of the commands the build user may run with sudo (SUDO_COMMANDS)")
-	cmd.Flags().StringVar(&platform, "platform", "", "the platform asked for (RAW_PLATFORM)")
-	cmd.Flags().StringVar(&instTag, "instance-tag", "", "the instance tag (INSTANCE_TAG); recorded, not used on static hosts")
-	for _, f := range []string{"secret-name", "taskrun-name", "namespace"} {
-		_ = cmd.MarkFlagRequired(f)
-	}
-	return cmd
-}
-
-func newHostCleanCommand() *cobra.Command {
-	var (
-		hf                           hostFlags
-		taskRun, namespace, platform string
-	)
-	cmd := &cobra.Command{
-		Use:   "clean",
-		Short: "Remove a task's build user, its processes and home from a host (done already is success)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := hostops.ValidateTaskRunRef(namespace, taskRun); err != nil {
-				return err
-			}
-			user := hostops.LegacyUserName(namespace, taskRun)
-			if strings.HasPrefix(platform, "windows/") || strings.HasPrefix(platform, "darwin/") {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s uses a pre-made build user; nothing to remove\n", platform)
-				return nil
 			}
 			_, target, _, err := hf.login()
 			if err != nil {
 				return err
 			}
-			if err := hostops.Clean(cmd.Context(), target, user); err != nil {
+			dir, err := hostops.CreateUser(cmd.Context(), target, hostops.NewUser{
+				Name: userName, AuthorizedKey: []byte(authorizedKey), Owner: owner, SudoCommands: sudo})
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", user, hf.host)
+			if dirFile != "" {
+				if err := os.WriteFile(dirFile, []byte(dir), 0o644); err != nil {
+					return fmt.Errorf("writing the user-dir result: %w", err)
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "created build user %s on %s; build directory %s\n", userName, hf.host, dir)
 			return nil
 		},
 	}
 	hf.register(cmd)
-	cmd.Flags().StringVar(&taskRun, "taskrun-name", "", "the user TaskRun whose user to remove (TASKRUN_NAME)")
-	cmd.Flags().StringVar(&namespace, "namespace", "", "the user TaskRun's namespace (NAMESPACE)")
-	cmd.Flags().StringVar(&platform, "platform", "", "the platform (RAW_PLATFORM)")
-	_ = cmd.MarkFlagRequired("taskrun-name")
-	_ = cmd.MarkFlagRequired("namespace")
+	f := cmd.Flags()
+	f.StringVar(&userName, "user-name", "", "the build user to create (USER_NAME)")
+	f.StringVar(&authorizedKey, "authorized-key", "", "the task's public key, an authorized_keys line (AUTHORIZED_KEY)")
+	f.StringVar(&owner, "owner", "", "the user TaskRun, recorded beside the user (OWNER)")
+	f.StringVar(&sudoCommands, "sudo-commands", "", "comma list of the commands the build user may run with sudo (SUDO_COMMANDS)")
+	f.StringVar(&platform, "platform", "", "the platform the host serves (RAW_PLATFORM)")
+	f.StringVar(&dirFile, "user-dir-file", "", "file to write the build directory to (the user-dir result)")
+	_ = cmd.MarkFlagRequired("user-name")
+	_ = cmd.MarkFlagRequired("authorized-key")
+	return cmd
+}
+
+func newHostCleanCommand() *cobra.Command {
+	var (
+		hf                 hostFlags
+		userName, platform string
+	)
+	cmd := &cobra.Command{
+		Use:   "clean",
+		Short: "Remove a build user, its processes and home from a host (gone already is success)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, target, _, err := hf.login()
+			if err != nil {
+				return err
+			}
+			if err := hostops.Clean(cmd.Context(), target, userName); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", userName, hf.host)
+			return nil
+		},
+	}
+	hf.register(cmd)
+	cmd.Flags().StringVar(&userName, "user-name", "", "the build user to remove (USER_NAME)")
+	cmd.Flags().StringVar(&platform, "platform", "", "the platform the host serves (RAW_PLATFORM)")
+	_ = cmd.MarkFlagRequired("user-name")
 	return cmd
 }
 

@@ -3,9 +3,11 @@ package hostops
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,38 +30,64 @@ func adminTarget(f *sshhosts.Fleet, h *sshhosts.Host) remote.Target {
 		HostKeys: remote.Pinned{Key: h.HostKey}, DialTimeout: 5 * time.Second}
 }
 
-// asBuildUser logs in with the key from a provisioned secret and runs command.
-func asBuildUser(t *testing.T, h *sshhosts.Host, p *Provisioned, command string) (string, error) {
+// built is a build user made for a test, with the private half of its key.
+type built struct {
+	User, Dir string
+	Key       []byte
+}
+
+// asBuildUser logs in with the build user's own key and runs command.
+func asBuildUser(t *testing.T, h *sshhosts.Host, p *built, command string) (string, error) {
 	t.Helper()
-	signer, err := ssh.ParsePrivateKey(p.PrivateKeyPEM)
+	signer, err := ssh.ParsePrivateKey(p.Key)
 	if err != nil {
-		t.Fatalf("the provisioned private key does not parse: %v", err)
+		t.Fatalf("the private key does not parse: %v", err)
 	}
 	return h.RunAs(context.Background(), p.User, signer, command)
 }
 
-func provision(t *testing.T, f *sshhosts.Fleet, h *sshhosts.Host, taskRun, sudo string) *Provisioned {
+var uids atomic.Int64
+
+// provision creates a build user for a TaskRun named taskRun (a fresh UID each time).
+func provision(t *testing.T, f *sshhosts.Fleet, h *sshhosts.Host, taskRun, sudo string) *built {
 	t.Helper()
-	p, err := Provision(context.Background(), ProvisionRequest{
-		Target: adminTarget(f, h), Namespace: "builds", TaskRun: taskRun, SudoCommands: sudo, Platform: "linux/s390x",
-	})
-	if err != nil {
-		t.Fatalf("provision %s on %s: %v", taskRun, h.Name, err)
+	var cmds []string
+	if sudo != "" {
+		cmds = strings.Split(sudo, ",")
 	}
+	uid := fmt.Sprintf("%08x-0000-4000-8000-%012x", uids.Add(1), time.Now().UnixNano()&0xffffffffffff)
+	p := newBuilt(t, UserName(uid, 1))
+	dir, err := CreateUser(context.Background(), adminTarget(f, h), NewUser{Name: p.User, AuthorizedKey: p.authorized,
+		Owner: "builds/" + taskRun + " " + uid, SudoCommands: cmds})
+	if err != nil {
+		t.Fatalf("creating a user for %s on %s: %v", taskRun, h.Name, err)
+	}
+	p.Dir = dir
 	t.Cleanup(func() { _ = Clean(context.Background(), adminTarget(f, h), p.User) })
-	return p
+	return &p.built
 }
 
-func TestProvisionedUserIsUnprivilegedWithExactSudo(t *testing.T) {
+type keyed struct {
+	built
+	authorized []byte
+}
+
+func newBuilt(t *testing.T, user string) *keyed {
+	t.Helper()
+	private, authorized, err := NewKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &keyed{built: built{User: user, Key: private}, authorized: authorized}
+}
+
+func TestBuildUserIsUnprivilegedWithExactSudo(t *testing.T) {
 	f := sshhosts.Shared(t, hosts)
 	h := f.Hosts[0]
 	p := provision(t, f, h, "build-s390x-abc12", "/usr/bin/whoami, /usr/bin/ls /root")
 
-	if p.User != LegacyUserName("builds", "build-s390x-abc12") || p.Address != h.Address || p.Host() != p.User+"@"+h.Address {
-		t.Fatalf("provisioned %+v", p)
-	}
-	if p.UserDir != "/home/"+p.User+"/build" {
-		t.Fatalf("user-dir %q", p.UserDir)
+	if p.Dir != "/home/"+p.User+"/build" {
+		t.Fatalf("user-dir %q", p.Dir)
 	}
 	id, err := asBuildUser(t, h, p, "id")
 	if err != nil {
@@ -84,36 +112,122 @@ func TestProvisionedUserIsUnprivilegedWithExactSudo(t *testing.T) {
 			t.Errorf("%q was allowed: %s", denied, out)
 		}
 	}
-	if out, err := asBuildUser(t, h, p, "ulimit -u; test -d "+p.UserDir+" && test -w "+p.UserDir+" && echo writable"); err != nil ||
+	if out, err := asBuildUser(t, h, p, "ulimit -u; test -d "+p.Dir+" && test -w "+p.Dir+" && echo writable"); err != nil ||
 		!strings.Contains(out, "4096") || !strings.Contains(out, "writable") {
 		t.Fatalf("limits or build dir wrong: %q %v", out, err)
 	}
+	// Nobody else may look into the home or the build directory; the key file is the user's.
+	home := "/home/" + p.User
+	modes, err := h.Run(context.Background(), "stat -c '%a %U %n' "+home+" "+p.Dir+" "+home+"/.ssh "+home+"/.ssh/authorized_keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "700 " + p.User + " " + home + "\n700 " + p.User + " " + p.Dir + "\n700 " + p.User + " " + home + "/.ssh\n600 " + p.User + " " + home + "/.ssh/authorized_keys"
+	if strings.TrimSpace(modes) != want {
+		t.Errorf("modes and owners:\n%s\nwant:\n%s", modes, want)
+	}
 	// The private key never touched the host: no private key file in the user's home.
-	if out, err := h.Run(context.Background(), "grep -rl 'PRIVATE KEY' /home/"+p.User+" || true"); err != nil || strings.TrimSpace(out) != "" {
+	if out, err := h.Run(context.Background(), "grep -rl 'PRIVATE KEY' "+home+" || true"); err != nil || strings.TrimSpace(out) != "" {
 		t.Fatalf("private key material on the host: %q %v", out, err)
 	}
-	if _, err := os.Stat("/home/" + p.User); !os.IsNotExist(err) {
+	if _, err := os.Stat(home); !os.IsNotExist(err) {
 		t.Fatal("the build user's home appeared on this machine, not on the host")
 	}
 }
 
-func TestRetriedProvisionReplacesTheKey(t *testing.T) {
+func TestCreatingAnExistingUserChangesNothing(t *testing.T) {
 	f := sshhosts.Shared(t, hosts)
 	h := f.Hosts[1]
-	first := provision(t, f, h, "retried", "")
-	second := provision(t, f, h, "retried", "")
-	if first.User != second.User {
-		t.Fatalf("a retry made a second user: %s, %s", first.User, second.User)
+	first := provision(t, f, h, "created-once", "")
+	again := newBuilt(t, first.User)
+	_, err := CreateUser(context.Background(), adminTarget(f, h), NewUser{Name: first.User, AuthorizedKey: again.authorized, Owner: "builds/created-once x"})
+	if !errors.Is(err, ErrUserExists) {
+		t.Fatalf("creating %s again: %v, want ErrUserExists", first.User, err)
 	}
-	if _, err := asBuildUser(t, h, second, "true"); err != nil {
-		t.Fatalf("the new key does not work: %v", err)
+	if _, err := asBuildUser(t, h, first, "true"); err != nil {
+		t.Fatalf("the first key no longer works: %v", err)
 	}
-	if _, err := asBuildUser(t, h, first, "true"); err == nil {
-		t.Fatal("the key of the first attempt still works")
+	if _, err := asBuildUser(t, h, &again.built, "true"); err == nil {
+		t.Fatal("the second key was installed")
 	}
-	if _, err := asBuildUser(t, h, second, "sudo -n /usr/bin/whoami"); err == nil {
-		t.Fatal("a user without SUDO_COMMANDS can sudo")
+	// A home left without its user (a provision cut short) is not reused either.
+	orphan := newBuilt(t, UserName("7d0c7e36-63b5-4b8c-9c4e-2b7f6f3d1a55", 3))
+	if _, err := h.Run(context.Background(), "mkdir -p /home/"+orphan.User); err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = Clean(context.Background(), adminTarget(f, h), orphan.User) })
+	_, err = CreateUser(context.Background(), adminTarget(f, h), NewUser{Name: orphan.User, AuthorizedKey: orphan.authorized})
+	if !errors.Is(err, ErrUserExists) {
+		t.Fatalf("creating a user over a leftover home: %v, want ErrUserExists", err)
+	}
+}
+
+// hostTree fingerprints everything on the host that root could be tricked into writing
+// through a link in a build user's home: /etc and /root, each path's type, mode, owner, link
+// target and content hash (but the backups useradd and userdel keep of the files they edit).
+func hostTree(t *testing.T, h *sshhosts.Host) string {
+	t.Helper()
+	out, err := h.Run(context.Background(), `find /etc /root -xdev ! -name '*-' -printf '%p %y %m %u %l\n' 2>/dev/null | sort; find /etc /root -xdev -type f ! -name '*-' -exec sha256sum {} + 2>/dev/null | sort`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestPlantedLinksNeverTurnRootAgainstTheHost: a build user plants links to root's files in
+// its home; creating a user of that name again must fail and change nothing, and removing it
+// must leave /etc and /root exactly as they were before the user existed.
+func TestPlantedLinksNeverTurnRootAgainstTheHost(t *testing.T) {
+	f := sshhosts.Shared(t, hosts)
+	h := f.Hosts[2]
+	ctx := context.Background()
+	if _, err := h.Run(ctx, "mkdir -p /etc/sudoers.d && touch /etc/sudoers.d/keep && echo secret > /root/keep"); err != nil {
+		t.Fatal(err)
+	}
+	before := hostTree(t, h)
+	p := provision(t, f, h, "plants-links", "")
+	plant := `set -e; cd ~; rm -rf build; ln -s /etc build; ln -s /root rootlink
+mv .ssh/authorized_keys keys; ln -s /etc/sudoers.d/x .ssh/authorized_keys.new; ln -s /etc/shadow .ssh/known_hosts
+ln -s /etc/sudoers.d/keep .ssh/rc; cp keys .ssh/authorized_keys`
+	if out, err := asBuildUser(t, h, p, plant); err != nil {
+		t.Fatalf("planting links: %v %s", err, out)
+	}
+	again := newBuilt(t, p.User)
+	if _, err := CreateUser(ctx, adminTarget(f, h), NewUser{Name: p.User, AuthorizedKey: again.authorized}); !errors.Is(err, ErrUserExists) {
+		t.Fatalf("creating over the planted home: %v, want ErrUserExists", err)
+	}
+	if err := Clean(ctx, adminTarget(f, h), p.User); err != nil {
+		t.Fatal(err)
+	}
+	if after := hostTree(t, h); after != before {
+		t.Errorf("files outside the build user's home changed:\n%s", diffLines(before, after))
+	}
+	if out, err := h.Run(ctx, "test -e /home/"+p.User+" && echo left; cat /root/keep; test -e /etc/sudoers.d/keep && echo kept"); err != nil ||
+		strings.TrimSpace(out) != "secret\nkept" {
+		t.Fatalf("after the clean: %q %v", out, err)
+	}
+}
+
+// diffLines lists the lines only one of a and b has.
+func diffLines(a, b string) string {
+	in := map[string]int{}
+	for _, l := range strings.Split(a, "\n") {
+		in[l]++
+	}
+	var d []string
+	for _, l := range strings.Split(b, "\n") {
+		if in[l] > 0 {
+			in[l]--
+			continue
+		}
+		d = append(d, "+ "+l)
+	}
+	for l, n := range in {
+		for range n {
+			d = append(d, "- "+l)
+		}
+	}
+	return strings.Join(d, "\n")
 }
 
 func TestCleanRemovesUserHomeAndProcesses(t *testing.T) {
@@ -180,7 +294,8 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 
 	pinnedWrong := adminTarget(f, h)
 	pinnedWrong.HostKeys = remote.Pinned{Key: other.HostKey}
-	_, err := Provision(ctx, ProvisionRequest{Target: pinnedWrong, Namespace: "builds", TaskRun: "pinned", Platform: "linux/s390x"})
+	u := newBuilt(t, UserName("3f1d8a52-9b7e-4c2a-8d6f-1e5b7c9a0d24", 1))
+	_, err := CreateUser(ctx, pinnedWrong, NewUser{Name: u.User, AuthorizedKey: u.authorized})
 	var changed *remote.HostKeyChangedError
 	if !errors.As(err, &changed) || changed.Host != h.Address || !strings.Contains(err.Error(), "not the pinned") {
 		t.Fatalf("want a refusal naming %s, got %v", h.Address, err)
@@ -218,7 +333,8 @@ func TestUnreachableHostFailsInBoundedTimeNamingTheHost(t *testing.T) {
 	target.DialTimeout = 2 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err := Provision(ctx, ProvisionRequest{Target: target, Namespace: "builds", TaskRun: "cut-off", Platform: "linux/s390x"})
+	u := newBuilt(t, UserName("5e2c9d71-4a8b-4f3e-b6c1-7d9a2e4f8b13", 1))
+	_, err := CreateUser(ctx, target, NewUser{Name: u.User, AuthorizedKey: u.authorized})
 	var unreachable *remote.UnreachableError
 	if !errors.As(err, &unreachable) || !strings.Contains(err.Error(), h.Address) {
 		t.Fatalf("want an UnreachableError naming %s, got %v", h.Address, err)
@@ -229,37 +345,26 @@ func TestUnreachableHostFailsInBoundedTimeNamingTheHost(t *testing.T) {
 }
 
 func TestHostileInputsAreRejected(t *testing.T) {
-	for _, tc := range []struct{ ns, name, sudo, want string }{
-		{"builds", "a'b", "", "TASKRUN_NAME"},
-		{"builds", "$(reboot)", "", "TASKRUN_NAME"},
-		{"builds", "line\nbreak", "", "TASKRUN_NAME"},
-		{"builds", strings.Repeat("a", 300), "", "TASKRUN_NAME"},
-		{strings.Repeat("n", 300), "ok", "", "NAMESPACE"},
-		{"bu;lds", "ok", "", "NAMESPACE"},
-		{"builds", "ok", "/usr/bin/podman; rm -rf /", "SUDO_COMMANDS"},
-		{"builds", "ok", "/usr/bin/podman\nALL ALL=(ALL) ALL", "SUDO_COMMANDS"},
-		{"builds", "ok", "ALL", "SUDO_COMMANDS"},
-		{"builds", "ok", "/usr/bin/$(id)", "SUDO_COMMANDS"},
-		{"builds", "ok", strings.Repeat("/x", 200) + " 'q'", "SUDO_COMMANDS"},
+	good := newBuilt(t, UserName("9c4e1b27-5d3a-4e8f-a2b6-0f7d1c3e5a98", 1))
+	for _, tc := range []struct {
+		u    NewUser
+		want string
+	}{
+		{NewUser{Name: "root", AuthorizedKey: good.authorized}, "not a berth build user name"},
+		{NewUser{Name: "u-../../etc", AuthorizedKey: good.authorized}, "not a berth build user name"},
+		{NewUser{Name: LegacyUserName("builds", "x"), AuthorizedKey: good.authorized}, "not a berth build user name"},
+		{NewUser{Name: good.User, AuthorizedKey: []byte("ssh-ed25519 AAAA; rm -rf /")}, "not exactly one public key"},
+		{NewUser{Name: good.User, AuthorizedKey: append(append([]byte{}, good.authorized...), good.authorized...)}, "not exactly one public key"},
+		{NewUser{Name: good.User, AuthorizedKey: good.authorized, Owner: "builds/x\nALL ALL=(ALL) ALL"}, "control character"},
+		{NewUser{Name: good.User, AuthorizedKey: good.authorized, SudoCommands: []string{"/usr/bin/podman; rm -rf /"}}, "sudo"},
+		{NewUser{Name: good.User, AuthorizedKey: good.authorized, SudoCommands: []string{"ALL"}}, "sudo"},
+		{NewUser{Name: good.User, AuthorizedKey: good.authorized, SudoCommands: []string{"/usr/bin/$(id)"}}, "sudo"},
 	} {
 		// The target is unusable: a request that got past validation would fail to dial instead.
-		_, err := Provision(context.Background(), ProvisionRequest{Namespace: tc.ns, TaskRun: tc.name, SudoCommands: tc.sudo, Platform: "linux/s390x"})
+		_, err := CreateUser(context.Background(), remote.Target{}, tc.u)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("ns=%.20q name=%.20q sudo=%.30q: want a rejection of %s, got %v", tc.ns, tc.name, tc.sudo, tc.want, err)
+			t.Errorf("%.60q: want a rejection with %q, got %v", fmt.Sprintf("%+v", tc.u), tc.want, err)
 		}
-	}
-}
-
-func TestPremadeUserPlatforms(t *testing.T) {
-	p, err := Provision(context.Background(), ProvisionRequest{
-		Target: remote.Target{Address: "mac-1.example.com", User: "builder"}, AdminKeyPEM: []byte("KEY"),
-		Namespace: "builds", TaskRun: "mac-build", Platform: "darwin/arm64",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.Host() != "builder@mac-1.example.com" || string(p.PrivateKeyPEM) != "KEY" || p.UserDir != "berth-builds/"+LegacyUserName("builds", "mac-build") {
-		t.Fatalf("darwin task got %+v", p)
 	}
 }
 

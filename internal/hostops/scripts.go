@@ -4,44 +4,58 @@ package hostops
 // limits, sudo rule, owner) arrives as a positional parameter quoted by remote.Script, and
 // key material arrives on standard input, so nothing from a TaskRun is ever parsed as shell.
 
-// provisionScript creates or refreshes build user $1: key from stdin into authorized_keys,
-// build directory, process and CPU-time limits, and the sudo rule $4 (validated by visudo
-// before it is installed). It prints the user's home.
+// provisionScript creates build user $1, which must not exist: its key (stdin) as the only
+// authorized key, a build directory, process and CPU-time limits, and the sudo rule $4
+// (checked by visudo before anything is made). It prints the user's home. Exit 17: the user
+// or its home exists already (berth never repairs a user; it makes a new one).
+//
+// Link safety: every file root writes is either in a root-owned directory (/etc/sudoers.d,
+// /etc/security/limits.d, /var/lib/berth, a private mktemp directory) or inside a home that
+// this script has just created as root. The user is brand new and has never logged in, and
+// the home and everything in it are handed to the user only by the last chown, which does not
+// follow links (-h, not -R). So no path root touches can be a link the build user planted.
 //
 //	$1 user  $2 max processes  $3 max CPU minutes  $4 sudo commands ("" for none)  $5 owner
 const provisionScript = `set -eu
 user=$1 nproc=$2 cpu=$3 sudo_cmds=$4 owner=$5
 case "$user" in u-*) ;; *) echo "refusing to provision $user: not a berth build user" >&2; exit 2 ;; esac
-if ! id -u "$user" >/dev/null 2>&1; then
-	useradd --create-home --shell /bin/bash --comment "berth build user" "$user"
+home=/home/$user
+if getent passwd "$user" >/dev/null 2>&1 || [ -e "$home" ] || [ -L "$home" ]; then
+	echo "build user $user or its home exists already; berth never reuses a build user" >&2
+	exit 17
 fi
+umask 077
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -n "$sudo_cmds" ]; then
+	printf '%s ALL=(root) NOPASSWD: %s\n' "$user" "$sudo_cmds" > "$work/sudoers"
+	if ! visudo -cqf "$work/sudoers" >&2; then echo "visudo rejected the sudo rule for $user" >&2; exit 3; fi
+fi
+mkdir -p /home
+useradd --no-create-home --home-dir "$home" --shell /bin/bash --comment "berth build user" "$user"
 # useradd locks the password (!); sshd without PAM refuses locked accounts even for keys.
 # '*' allows no password either, but is not "locked".
 usermod -p '*' "$user"
-home=$(getent passwd "$user" | cut -d: -f6)
 group=$(id -gn "$user")
-install -d -m 700 -o "$user" -g "$group" "$home/.ssh"
-umask 077
-cat > "$home/.ssh/authorized_keys.new"
-chown "$user:$group" "$home/.ssh/authorized_keys.new"
-mv -f "$home/.ssh/authorized_keys.new" "$home/.ssh/authorized_keys"
-umask 022
-install -d -m 755 -o "$user" -g "$group" "$home/build"
+mkdir -m 700 "$home"
+mkdir -m 700 "$home/.ssh" "$home/build"
+cat > "$home/.ssh/authorized_keys"
+chmod 600 "$home/.ssh/authorized_keys"
 mkdir -p /var/lib/berth/users /etc/security/limits.d
 printf '%s\n' "$owner" > "/var/lib/berth/users/$user"
 printf '%s hard nproc %s\n%s hard cpu %s\n' "$user" "$nproc" "$user" "$cpu" > "/etc/security/limits.d/berth-$user.conf"
-rm -f "/etc/sudoers.d/berth-$user"
+chmod 644 "/etc/security/limits.d/berth-$user.conf"
 if [ -n "$sudo_cmds" ]; then
 	mkdir -p /etc/sudoers.d
-	rule=$(mktemp)
-	printf '%s ALL=(root) NOPASSWD: %s\n' "$user" "$sudo_cmds" > "$rule"
-	if ! visudo -cqf "$rule" >&2; then rm -f "$rule"; echo "visudo rejected the sudo rule for $user" >&2; exit 3; fi
-	chmod 440 "$rule"
-	mv -f "$rule" "/etc/sudoers.d/berth-$user"
+	# A name with a dot is ignored by sudo until the rename makes the rule whole at once.
+	cp "$work/sudoers" "/etc/sudoers.d/.berth-$user.new"
+	chmod 440 "/etc/sudoers.d/.berth-$user.new"
+	mv -f "/etc/sudoers.d/.berth-$user.new" "/etc/sudoers.d/berth-$user"
 fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemctl set-property --runtime "user-$(id -u "$user").slice" "TasksMax=$nproc" >/dev/null 2>&1 || true
 fi
+chown -h "$user:$group" "$home/.ssh/authorized_keys" "$home/.ssh" "$home/build" "$home"
 printf '%s\n' "$home"
 `
 
@@ -61,7 +75,9 @@ if id -u "$user" >/dev/null 2>&1; then
 	fi
 	case "$home" in */"$user") rm -rf -- "$home" ;; esac
 fi
-rm -f "/var/lib/berth/users/$user"
+# A provision cut short may have left the home without the user, or the user without the home.
+rm -rf -- "/home/$user"
+rm -f "/var/lib/berth/users/$user" "/etc/sudoers.d/.berth-$user.new"
 `
 
 // inspectScript reports the size and free space (in KiB) of the disk at $1 and every build user with when it was made and for

@@ -66,7 +66,7 @@ func TestUpdateRemovesStaleUsersOnly(t *testing.T) {
 	if _, err := h.Run(ctx, "id "+gone.User); err == nil {
 		t.Fatal("the stale user is still there")
 	}
-	for _, kept := range []*Provisioned{live, fresh} {
+	for _, kept := range []*built{live, fresh} {
 		if _, err := h.Run(ctx, "id "+kept.User); err != nil {
 			t.Fatalf("%s was removed: its task is alive or it is too young", kept.User)
 		}

@@ -15,7 +15,8 @@ type Hostops struct {
 
 // CreateUser creates the job's user with its public key.
 func (h Hostops) CreateUser(ctx context.Context, t remote.Target, job Job) (string, error) {
-	return hostops.CreateUser(ctx, t, job.Login.Platform, job.User, job.AuthorizedKey, job.Owner)
+	return hostops.CreateUser(ctx, t, hostops.NewUser{Name: job.User, AuthorizedKey: job.AuthorizedKey,
+		Owner: job.Owner, SudoCommands: job.SudoCommands})
 }
 
 // RemoveUser removes a build user; one already gone is success.

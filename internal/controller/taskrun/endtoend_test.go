@@ -5,7 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/hostops"
 )
 
@@ -89,4 +93,47 @@ func TestErrorSecrets(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEndToEndThroughInternalTaskRuns: with --provisioner=taskrun the build user is made by a
+// provision TaskRun in berth's namespace (run by the stand-in with berth's own step, as the
+// host-tasks ServiceAccount), which never sees the private key; the controller writes the
+// secret, and a clean TaskRun removes the user.
+func TestEndToEndThroughInternalTaskRuns(t *testing.T) {
+	o := controllerOptions()
+	o.Provisioner = "taskrun"
+	restartController(t, o)
+	defer restartController(t, controllerOptions())
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	wc, err := client.NewWithWatch(stack.ControlPlane.Config, client.Options{Scheme: stack.ControlPlane.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(context.Background(), &pipelinev1.TaskRunList{}, client.InNamespace(devstack.Namespace),
+		client.MatchingLabels{contract.TaskTypeLabel: contract.TaskTypeProvision})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	tr := create(t, userTaskRun(ns, "build", platform, remoteBuild))
+	user := hostops.UserName(string(tr.UID), 1)
+	if secret := secretOf(t, tr); !strings.HasPrefix(string(secret.Data["host"]), user+"@") {
+		t.Fatalf("secret host %q, want %s@<address>; error: %s", secret.Data["host"], user, secret.Data["error"])
+	}
+	provision := (<-w.ResultChan()).Object.(*pipelinev1.TaskRun)
+	if provision.Labels[contract.UserTaskNameLabel] != tr.Name {
+		t.Fatalf("the first provision TaskRun serves %q", provision.Labels[contract.UserTaskNameLabel])
+	}
+	for _, p := range provision.Spec.Params {
+		if strings.Contains(p.Value.StringVal, "PRIVATE KEY") {
+			t.Fatalf("param %s of the provision TaskRun carries a private key", p.Name)
+		}
+	}
+	eventually(t, "the build finishes", func() (bool, error) { return get(t, tr).IsDone(), nil })
+	if done := get(t, tr); !done.IsSuccessful() || done.Status.Results[0].Value.StringVal != user+" /home/"+user+"/build\n" {
+		t.Fatalf("the remote build: %+v %+v", done.Status.Conditions, done.Status.Results)
+	}
+	settled(t, ns)
+	noBuildUsersLeft(t)
 }

@@ -1,0 +1,120 @@
+package hostops
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/remote"
+)
+
+// UserName is the build user of one attempt at a TaskRun: "u-", 24 hex digits of the TaskRun's
+// UID, "-" and the attempt. No two TaskRuns (a re-created one included) and no two attempts
+// share a user.
+func UserName(uid string, attempt int) string {
+	hexUID := strings.ToLower(strings.ReplaceAll(uid, "-", ""))
+	if len(hexUID) < 24 || strings.Trim(hexUID, "0123456789abcdef") != "" {
+		sum := sha256.Sum256([]byte(uid))
+		hexUID = hex.EncodeToString(sum[:])
+	}
+	return fmt.Sprintf("u-%s-%d", hexUID[:24], attempt)
+}
+
+// ErrUserExists says the user to be created exists already: berth never repairs a user.
+var ErrUserExists = errors.New("the build user exists already")
+
+// exitUserExists is provisionScript's exit status for ErrUserExists.
+const exitUserExists = 17
+
+// NewUser is a build user to create.
+type NewUser struct {
+	// Name must be a UserName, and must not exist on the host.
+	Name string
+	// AuthorizedKey is the task's public key, one authorized_keys line: the only key the
+	// user will have.
+	AuthorizedKey []byte
+	// Owner is recorded beside the user ("namespace/name uid"), for the host's sweeps and
+	// for people.
+	Owner string
+	// SudoCommands are the commands the user may run as root, each checked by berth's
+	// grammar here and by visudo on the host.
+	SudoCommands []string
+	// Limits; DefaultLimits when zero.
+	Limits Limits
+}
+
+func (u NewUser) check() (authorized []byte, err error) {
+	if !newUserNameRE.MatchString(u.Name) {
+		return nil, fmt.Errorf("%q is not a berth build user name", truncate(u.Name))
+	}
+	key, _, _, rest, err := ssh.ParseAuthorizedKey(u.AuthorizedKey)
+	if err != nil || strings.TrimSpace(string(rest)) != "" {
+		return nil, fmt.Errorf("the key for build user %s is not exactly one public key (authorized_keys line)", u.Name)
+	}
+	for _, r := range u.Owner {
+		if unicode.IsControl(r) {
+			return nil, fmt.Errorf("the owner of build user %s has a control character", u.Name)
+		}
+	}
+	if len(u.SudoCommands) > 0 {
+		if _, err := config.ParseSudoCommands(strings.Join(u.SudoCommands, ",")); err != nil {
+			return nil, err
+		}
+	}
+	return ssh.MarshalAuthorizedKey(key), nil
+}
+
+// CreateUser creates u on the host and returns its build directory. It only ever creates: a
+// user (or home) of that name already there is ErrUserExists, and nothing is changed.
+func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error) {
+	authorized, err := u.check()
+	if err != nil {
+		return "", err
+	}
+	limits := u.Limits
+	if limits == (Limits{}) {
+		limits = DefaultLimits
+	}
+	line, err := asRoot(t, provisionScript, u.Name, fmt.Sprint(limits.Processes), fmt.Sprint(limits.CPUMinutes),
+		strings.Join(u.SudoCommands, ", "), u.Owner)
+	if err != nil {
+		return "", err
+	}
+	client, err := remote.Dial(ctx, t)
+	if err != nil {
+		return "", err
+	}
+	defer client.Close()
+	out, err := client.Run(ctx, "creating build user "+u.Name, line, authorized)
+	var remoteErr *remote.RemoteError
+	if errors.As(err, &remoteErr) && remoteErr.ExitCode == exitUserExists {
+		return "", fmt.Errorf("on host %s, %s: %w", t.Address, u.Name, ErrUserExists)
+	}
+	if err != nil {
+		return "", err
+	}
+	home := strings.TrimSpace(string(out))
+	if !strings.HasPrefix(home, "/") {
+		return "", fmt.Errorf("on host %s, creating build user %s printed no home directory: %q", t.Address, u.Name, home)
+	}
+	return home + "/build", nil
+}
+
+// Unsupported says why berth cannot yet make per-task users on platform's OS ("" if it can).
+func Unsupported(platform string) string {
+	osName, _, _ := strings.Cut(platform, "/")
+	if osName == "windows" || osName == "darwin" {
+		return fmt.Sprintf("berth cannot yet create per-task users on %s hosts, and it never hands out a host's own key; ask the platform team to serve %s another way.", platform, platform)
+	}
+	return ""
+}
+
+// NewKey makes a build user's key pair: the OpenSSH private key and the authorized_keys line.
+func NewKey(comment string) (private, authorized []byte, err error) { return newKey(comment) }
