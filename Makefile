@@ -36,7 +36,7 @@ test: prereqs testbin vet
 
 ## fuzz: each fuzz target for FUZZTIME (make test replays only their seed corpora)
 FUZZTIME ?= 2m
-FUZZ_TARGETS ?= ./internal/config:FuzzParse ./internal/remote:FuzzQuote
+FUZZ_TARGETS ?= ./internal/config:FuzzParse ./internal/config:FuzzSudoCommands ./internal/remote:FuzzQuote
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzzing $$name in $$pkg for $(FUZZTIME)"; \

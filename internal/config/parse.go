@@ -412,22 +412,6 @@ func checkHostKey(key string) error {
 	return nil
 }
 
-// sudoCommandRE allows absolute command paths with plain arguments: sudo rules are matched
-// literally, and shell or sudoers syntax in them would widen what a build may run as root.
-var sudoCommandRE = regexp.MustCompile(`^/[-A-Za-z0-9_./]+( [-A-Za-z0-9_./=:@+]+)*$`)
-
-// ParseSudoCommands splits a comma list of sudo commands and checks each; provisioning uses it
-// again on the SUDO_COMMANDS param, whatever the config said.
-func ParseSudoCommands(list string) ([]string, error) {
-	cmds := splitList(list)
-	for _, cmd := range cmds {
-		if !sudoCommandRE.MatchString(cmd) {
-			return nil, fmt.Errorf("sudo command %q is not allowed: each must be an absolute path with plain arguments (letters, digits, - _ . / = : @ +), separated by commas", cmd)
-		}
-	}
-	return cmds, nil
-}
-
 // splitList splits a comma list, trimming spaces and dropping empty entries.
 func splitList(s string) []string {
 	var out []string
