@@ -86,11 +86,38 @@ type Ledger struct {
 	hosts   map[string]*hostState
 	holders map[Task]string
 	queues  map[string][]*waiter // platform → waiters, oldest first
+	// byNamespace holds the same waiters per platform and namespace, oldest first.
+	byNamespace map[string]map[string][]*waiter
+	// caps bounds the tasks one namespace may hold per platform (absent: no bound).
+	caps map[string]int
+	// served remembers, per platform and namespace, when the namespace last got a slot (a
+	// sequence number): the namespace served least recently goes first.
+	served map[string]map[string]uint64
+	seq    uint64
 }
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string][]*waiter{}}
+	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string][]*waiter{},
+		byNamespace: map[string]map[string][]*waiter{}, caps: map[string]int{}, served: map[string]map[string]uint64{}}
+}
+
+// SetNamespaceCaps sets, per platform, how many tasks one namespace may hold at once (0 or
+// absent: any number). It returns the waiters a raised cap lets run.
+func (l *Ledger) SetNamespaceCaps(caps map[string]int) []Task {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.caps = map[string]int{}
+	for p, n := range caps {
+		if n > 0 {
+			l.caps[p] = n
+		}
+	}
+	var wake []Task
+	for platform := range l.queues {
+		wake = append(wake, l.runnable(platform)...)
+	}
+	return wake
 }
 
 // SetHosts replaces the configured hosts. A host no longer configured is retired: it takes no
@@ -163,9 +190,9 @@ func (l *Ledger) Quarantine(host string, on bool) []Task {
 	return l.runnable(s.Platform)
 }
 
-// Acquire reserves a slot for the task, or queues it. The oldest waiter of a platform is served
-// first; a waiter that cannot use any free host (all excluded for it) does not hold up the ones
-// behind it.
+// Acquire reserves a slot for the task, or queues it. Waiters are served in turns of
+// namespaces (see plan); a waiter that cannot use any free host (all excluded for it, or its
+// namespace at its cap) does not hold up the ones behind it.
 func (l *Ledger) Acquire(req Request) Grant {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -177,28 +204,21 @@ func (l *Ledger) Acquire(req Request) Grant {
 		l.remove(req.Platform, req.Task)
 		return Grant{Blocked: true}
 	}
-	free, total := l.freeSlots(req.Platform)
 	var wake []Task
-	for i, w := range l.queues[req.Platform] {
-		host := ""
-		if total > 0 {
-			host = pick(free, w.exclude)
-		}
-		if w.task == req.Task {
-			if host == "" {
-				return Grant{Position: i + 1, Wake: wake}
-			}
-			l.reserve(req.Task, host)
-			l.remove(req.Platform, req.Task)
-			return Grant{Host: host, Wake: wake}
-		}
-		if host != "" {
-			free[host]-- // promised to the older waiter
-			total--
-			wake = append(wake, w.task)
+	host := ""
+	for _, g := range l.plan(req.Platform) {
+		if g.task == req.Task {
+			host = g.host
+		} else {
+			wake = append(wake, g.task)
 		}
 	}
-	return Grant{} // unreachable: the task was enqueued above
+	if host == "" {
+		return Grant{Position: l.position(req.Platform, req.Task), Wake: wake}
+	}
+	l.reserve(req.Task, host)
+	l.remove(req.Platform, req.Task)
+	return Grant{Host: host, Wake: wake}
 }
 
 // Release frees the task's slot and returns the waiters that can now run. A task that held no
@@ -257,8 +277,14 @@ func (l *Ledger) Usage() []Usage {
 }
 
 func (l *Ledger) reserve(task Task, host string) {
-	l.hosts[host].holders[task] = struct{}{}
+	s := l.hosts[host]
+	s.holders[task] = struct{}{}
 	l.holders[task] = host
+	l.seq++
+	if l.served[s.Platform] == nil {
+		l.served[s.Platform] = map[string]uint64{}
+	}
+	l.served[s.Platform][task.Namespace] = l.seq
 }
 
 func (l *Ledger) enqueue(req Request) {
@@ -270,8 +296,17 @@ func (l *Ledger) enqueue(req Request) {
 		}
 	}
 	w := &waiter{task: req.Task, created: req.Created, exclude: slices.Clone(req.Exclude)}
+	l.queues[req.Platform] = insertInOrder(q, w)
+	if l.byNamespace[req.Platform] == nil {
+		l.byNamespace[req.Platform] = map[string][]*waiter{}
+	}
+	ns := l.byNamespace[req.Platform]
+	ns[req.Task.Namespace] = insertInOrder(ns[req.Task.Namespace], w)
+}
+
+func insertInOrder(q []*waiter, w *waiter) []*waiter {
 	i := sort.Search(len(q), func(i int) bool { return older(w, q[i]) })
-	l.queues[req.Platform] = slices.Insert(q, i, w)
+	return slices.Insert(q, i, w)
 }
 
 // older orders waiters by creation, then by name, so ties are broken the same way every time.
@@ -284,33 +319,138 @@ func older(a, b *waiter) bool {
 
 func (l *Ledger) remove(platform string, task Task) bool {
 	q := l.queues[platform]
-	for i, w := range q {
-		if w.task == task {
-			l.queues[platform] = slices.Delete(q, i, i+1)
-			if len(l.queues[platform]) == 0 {
-				delete(l.queues, platform)
-			}
-			return true
-		}
+	i := slices.IndexFunc(q, func(w *waiter) bool { return w.task == task })
+	if i < 0 {
+		return false
 	}
-	return false
+	l.queues[platform] = slices.Delete(q, i, i+1)
+	if len(l.queues[platform]) == 0 {
+		delete(l.queues, platform)
+	}
+	ns := l.byNamespace[platform]
+	mine := ns[task.Namespace]
+	if j := slices.IndexFunc(mine, func(w *waiter) bool { return w.task == task }); j >= 0 {
+		mine = slices.Delete(mine, j, j+1)
+	}
+	if len(mine) == 0 {
+		delete(ns, task.Namespace)
+	} else {
+		ns[task.Namespace] = mine
+	}
+	return true
 }
 
-// runnable returns the waiters of a platform that free slots would serve now, oldest first.
+// runnable returns the waiters of a platform that free slots would serve now, in turn.
 func (l *Ledger) runnable(platform string) []Task {
-	free, total := l.freeSlots(platform)
 	var out []Task
-	for _, w := range l.queues[platform] {
-		if total == 0 {
-			break
+	for _, g := range l.plan(platform) {
+		out = append(out, g.task)
+	}
+	return out
+}
+
+type promise struct {
+	task Task
+	host string
+}
+
+// plan decides, without changing anything, which waiters of a platform the free slots serve
+// now and on which hosts, in serving order. Namespaces take turns (see turnOrder), one waiter
+// each per round, first created first within a namespace: one namespace that queues a
+// thousand tasks delays another's next task by one turn, not by a thousand. A namespace at
+// its cap is passed over until one of its tasks ends. Only the waiters up to the last free
+// slot are looked at.
+func (l *Ledger) plan(platform string) []promise {
+	free, total := l.freeSlots(platform)
+	if total == 0 || len(l.queues[platform]) == 0 {
+		return nil
+	}
+	limit := l.caps[platform]
+	var held map[string]int
+	if limit > 0 {
+		held = map[string]int{}
+		for _, s := range l.hosts {
+			if s.Platform == platform {
+				for t := range s.holders {
+					held[t.Namespace]++
+				}
+			}
 		}
-		if host := pick(free, w.exclude); host != "" {
-			free[host]--
-			total--
-			out = append(out, w.task)
+	}
+	byNS := l.byNamespace[platform]
+	namespaces := l.turnOrder(platform)
+	var out []promise
+	for round := 0; total > 0; round++ {
+		seen := false
+		for _, ns := range namespaces {
+			ws := byNS[ns]
+			if round >= len(ws) {
+				continue
+			}
+			seen = true
+			if total == 0 || limit > 0 && held[ns] >= limit {
+				continue
+			}
+			w := ws[round]
+			if host := pick(free, w.exclude); host != "" {
+				free[host]-- // promised to this waiter
+				total--
+				out = append(out, promise{w.task, host})
+				if held != nil {
+					held[ns]++
+				}
+			}
+		}
+		if !seen {
+			break
 		}
 	}
 	return out
+}
+
+// turnOrder lists the namespaces waiting on a platform in the order their turns come: the one
+// served least recently first (never served before all others), ties by the oldest waiter.
+func (l *Ledger) turnOrder(platform string) []string {
+	byNS := l.byNamespace[platform]
+	namespaces := make([]string, 0, len(byNS))
+	for ns := range byNS {
+		namespaces = append(namespaces, ns)
+	}
+	served := l.served[platform]
+	sort.Slice(namespaces, func(i, j int) bool {
+		a, b := namespaces[i], namespaces[j]
+		if served[a] != served[b] {
+			return served[a] < served[b]
+		}
+		return older(byNS[a][0], byNS[b][0])
+	})
+	return namespaces
+}
+
+// position is the task's place in the serving order of its platform's waiters (1 = next).
+func (l *Ledger) position(platform string, task Task) int {
+	byNS := l.byNamespace[platform]
+	mine := byNS[task.Namespace]
+	depth := slices.IndexFunc(mine, func(w *waiter) bool { return w.task == task })
+	if depth < 0 {
+		return 0
+	}
+	pos := 1
+	before := true // namespaces ahead of the task's own in each round
+	for _, ns := range l.turnOrder(platform) {
+		if ns == task.Namespace {
+			before = false
+			pos += depth
+			continue
+		}
+		n := len(byNS[ns])
+		if before {
+			pos += min(n, depth+1)
+		} else {
+			pos += min(n, depth)
+		}
+	}
+	return pos
 }
 
 // freeSlots returns the free slots per host of the platform, and their sum.

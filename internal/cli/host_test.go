@@ -7,16 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/tasksecret"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
@@ -46,63 +42,56 @@ func newHostStepEnv(t *testing.T, namespace string) *hostStepEnv {
 	return env
 }
 
-func (e *hostStepEnv) userTaskRun(t *testing.T, name string) *pipelinev1.TaskRun {
-	t.Helper()
-	tr := &pipelinev1.TaskRun{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.namespace},
-		Spec: pipelinev1.TaskRunSpec{
-			Params:   pipelinev1.Params{{Name: "PLATFORM", Value: *pipelinev1.NewStructuredValues("linux/s390x")}},
-			TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "build", Image: "buildah", Script: "true"}}},
-		},
-	}
-	if err := cp.Client.Create(context.Background(), tr); err != nil {
-		t.Fatal(err)
-	}
-	return tr
-}
-
 func (e *hostStepEnv) hostArgs(h *sshhosts.Host) []string {
 	return []string{"--host", h.Address, "--user", "root", "--ssh-key-file", e.keyFile, "--kubeconfig", e.kubeconfig,
 		"--known-hosts-namespace", e.namespace}
 }
 
-func (e *hostStepEnv) provision(t *testing.T, h *sshhosts.Host, tr *pipelinev1.TaskRun, sudo string) (string, error) {
-	args := append([]string{"host", "provision", "--secret-name", tasksecret.Name(tr.Name), "--taskrun-name", tr.Name,
-		"--namespace", tr.Namespace, "--sudo-commands", sudo, "--platform", "linux/s390x", "--instance-tag", "t"}, e.hostArgs(h)...)
+// buildUser is a user name and key pair as the controller makes them for a task.
+type buildUser struct {
+	name                string
+	private, authorized []byte
+}
+
+func newBuildUser(t *testing.T, uid string) buildUser {
+	t.Helper()
+	private, authorized, err := hostops.NewKey("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buildUser{name: hostops.UserName(uid, 1), private: private, authorized: authorized}
+}
+
+func (e *hostStepEnv) provision(t *testing.T, h *sshhosts.Host, u buildUser, sudo, dirFile string) (string, error) {
+	args := append([]string{"host", "provision", "--user-name", u.name, "--authorized-key", strings.TrimSpace(string(u.authorized)),
+		"--owner", e.namespace + "/build 0000", "--sudo-commands", sudo, "--platform", "linux/s390x", "--user-dir-file", dirFile}, e.hostArgs(h)...)
 	return berth(t, args...)
 }
 
-func TestHostProvisionCreatesTheContractSecretAndCleanRemovesTheUser(t *testing.T) {
+func TestHostProvisionCreatesTheUserAndCleanRemovesIt(t *testing.T) {
 	env := newHostStepEnv(t, "team-provision")
 	h := env.fleet.Hosts[0]
 	ctx := context.Background()
-	tr := env.userTaskRun(t, "build-s390x")
-
-	if out, err := env.provision(t, h, tr, "/usr/bin/whoami"); err != nil {
+	u := newBuildUser(t, "6a1f3c2e-8b4d-4e5f-9a7c-1d2e3f4a5b6c")
+	dirFile := filepath.Join(t.TempDir(), "user-dir")
+	if out, err := env.provision(t, h, u, "/usr/bin/whoami", dirFile); err != nil {
 		t.Fatalf("provision: %v\n%s", err, out)
 	}
-	var secret corev1.Secret
-	if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: "multi-platform-ssh-build-s390x"}, &secret); err != nil {
+	if dir, err := os.ReadFile(dirFile); err != nil || string(dir) != "/home/"+u.name+"/build" {
+		t.Fatalf("the user-dir result: %q %v", dir, err)
+	}
+	signer, err := ssh.ParsePrivateKey(u.private)
+	if err != nil {
 		t.Fatal(err)
 	}
-	user := hostops.LegacyUserName(tr.Namespace, tr.Name)
-	if len(secret.OwnerReferences) != 1 || secret.OwnerReferences[0].UID != tr.UID || secret.OwnerReferences[0].Kind != "TaskRun" {
-		t.Fatalf("the secret is not owned by the TaskRun: %+v", secret.OwnerReferences)
+	if out, err := h.RunAs(ctx, u.name, signer, "id -u; sudo -n /usr/bin/whoami"); err != nil || strings.HasPrefix(out, "0\n") || !strings.HasSuffix(out, "root\n") {
+		t.Fatalf("logging in with the task's key: %q %v", out, err)
 	}
-	if secret.Labels[tasksecret.Label] != "true" {
-		t.Fatalf("labels %v", secret.Labels)
+	// The step writes no Secret: the controller writes the task's secret itself.
+	var secrets corev1.SecretList
+	if err := cp.Client.List(ctx, &secrets, client.InNamespace(env.namespace)); err != nil || len(secrets.Items) != 0 {
+		t.Fatalf("the provision step wrote secrets: %d %v", len(secrets.Items), err)
 	}
-	if string(secret.Data["host"]) != user+"@"+h.Address || string(secret.Data["user-dir"]) != "/home/"+user+"/build" || len(secret.Data) != 3 {
-		t.Fatalf("secret data keys/values wrong: host=%q user-dir=%q keys=%d", secret.Data["host"], secret.Data["user-dir"], len(secret.Data))
-	}
-	signer, err := ssh.ParsePrivateKey(secret.Data["id_rsa"])
-	if err != nil {
-		t.Fatalf("id_rsa: %v", err)
-	}
-	if out, err := h.RunAs(ctx, user, signer, "id -u; sudo -n /usr/bin/whoami"); err != nil || strings.HasPrefix(out, "0\n") || !strings.HasSuffix(out, "root\n") {
-		t.Fatalf("logging in with the secret's key: %q %v", out, err)
-	}
-
 	// First contact recorded the host's key.
 	var known corev1.ConfigMap
 	if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: env.namespace, Name: hostkeys.ConfigMapName}, &known); err != nil {
@@ -111,19 +100,27 @@ func TestHostProvisionCreatesTheContractSecretAndCleanRemovesTheUser(t *testing.
 	if !strings.Contains(strings.Join(mapValues(known.Data), "\n"), h.Address+" "+strings.TrimSpace(string(ssh.MarshalAuthorizedKey(h.HostKey)))) {
 		t.Fatalf("the host key was not recorded: %v", known.Data)
 	}
+	// Provisioning the same user again fails and changes nothing.
+	again := newBuildUser(t, "6a1f3c2e-8b4d-4e5f-9a7c-1d2e3f4a5b6c")
+	if out, err := env.provision(t, h, again, "", dirFile); err == nil || !strings.Contains(err.Error(), "exists already") {
+		t.Fatalf("a second provision of %s: %v\n%s", u.name, err, out)
+	}
+	if _, err := h.RunAs(ctx, u.name, signer, "true"); err != nil {
+		t.Fatalf("the first key stopped working: %v", err)
+	}
 
-	cleanArgs := append([]string{"host", "clean", "--taskrun-name", tr.Name, "--namespace", tr.Namespace, "--platform", "linux/s390x"}, env.hostArgs(h)...)
+	cleanArgs := append([]string{"host", "clean", "--user-name", u.name, "--platform", "linux/s390x"}, env.hostArgs(h)...)
 	for i := 0; i < 2; i++ {
 		if out, err := berth(t, cleanArgs...); err != nil {
 			t.Fatalf("clean #%d: %v\n%s", i+1, err, out)
 		}
 	}
-	if out, err := h.Run(ctx, "id "+user); err == nil {
+	if out, err := h.Run(ctx, "id "+u.name); err == nil {
 		t.Fatalf("the user survived clean: %s", out)
 	}
 }
 
-func TestHostProvisionRefusesAChangedHostKeyWithAnEvent(t *testing.T) {
+func TestHostProvisionRefusesAChangedHostKey(t *testing.T) {
 	env := newHostStepEnv(t, "team-hostkey")
 	h, other := env.fleet.Hosts[1], env.fleet.Hosts[0]
 	ctx := context.Background()
@@ -132,45 +129,38 @@ func TestHostProvisionRefusesAChangedHostKeyWithAnEvent(t *testing.T) {
 	if _, err := store.Record(ctx, h.Address, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(other.HostKey)))); err != nil {
 		t.Fatal(err)
 	}
-	tr := env.userTaskRun(t, "build-after-rebuild")
-	out, err := env.provision(t, h, tr, "")
+	u := newBuildUser(t, "2b3c4d5e-6f70-4812-9a3b-4c5d6e7f8091")
+	out, err := env.provision(t, h, u, "", filepath.Join(t.TempDir(), "dir"))
 	if err == nil || !strings.Contains(err.Error(), "host "+h.Address+" presented SSH host key") {
 		t.Fatalf("want a refusal naming the host, got %v\n%s", err, out)
 	}
-	var events eventsv1.EventList
-	if err := cp.Client.List(ctx, &events, client.InNamespace(tr.Namespace)); err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, e := range events.Items {
-		found = found || (e.Regarding.UID == tr.UID && e.Reason == "HostKeyChanged" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, h.Address))
-	}
-	if !found {
-		t.Fatalf("no HostKeyChanged Event on the TaskRun: %+v", events.Items)
-	}
-	if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &corev1.Secret{}); err == nil {
-		t.Fatal("a secret was created although the host was refused")
+	if out, err := h.Run(ctx, "id "+u.name); err == nil {
+		t.Fatalf("the user was created on a host with a changed key: %s", out)
 	}
 }
 
 func TestHostProvisionRejectsHostileParams(t *testing.T) {
 	env := newHostStepEnv(t, "team-hostile")
 	h := env.fleet.Hosts[0]
-	tr := env.userTaskRun(t, "hostile")
-	for _, tc := range []struct{ name, ns, sudo string }{
-		{"x'; reboot; '", tr.Namespace, ""},
-		{strings.Repeat("a", 300), tr.Namespace, ""},
-		{tr.Name, "$(reboot)", ""},
-		{tr.Name, tr.Namespace, "/usr/bin/podman\nALL ALL=(ALL) NOPASSWD: ALL"},
+	u := newBuildUser(t, "3c4d5e6f-7081-4923-8b4c-5d6e7f809102")
+	key := strings.TrimSpace(string(u.authorized))
+	for _, tc := range []struct{ user, key, sudo string }{
+		{"x'; reboot; '", key, ""},
+		{"root", key, ""},
+		{strings.Repeat("a", 300), key, ""},
+		{u.name, "ssh-ed25519 AAAA $(reboot)", ""},
+		{u.name, key + "\n" + key, ""},
+		{u.name, key, "/usr/bin/podman\nALL ALL=(ALL) NOPASSWD: ALL"},
+		{u.name, key, "/usr/bin/env A=B /bin/sh"},
 	} {
-		args := append([]string{"host", "provision", "--secret-name", "s", "--taskrun-name", tc.name, "--namespace", tc.ns,
+		args := append([]string{"host", "provision", "--user-name", tc.user, "--authorized-key", tc.key,
 			"--sudo-commands", tc.sudo}, env.hostArgs(h)...)
 		if out, err := berth(t, args...); err == nil {
-			t.Errorf("accepted name=%.20q ns=%.20q sudo=%.30q:\n%s", tc.name, tc.ns, tc.sudo, out)
+			t.Errorf("accepted user=%.20q key=%.30q sudo=%.30q:\n%s", tc.user, tc.key, tc.sudo, out)
 		}
 	}
-	if out, _ := h.Run(context.Background(), "ls /etc/sudoers.d | grep berth- || true"); strings.TrimSpace(out) != "" {
-		t.Fatalf("a hostile request left a sudo rule: %s", out)
+	if out, _ := h.Run(context.Background(), "ls /etc/sudoers.d | grep berth- || true; getent passwd | grep '^u-' || true"); strings.TrimSpace(out) != "" {
+		t.Fatalf("a hostile request left something on the host: %s", out)
 	}
 }
 

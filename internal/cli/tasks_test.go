@@ -14,16 +14,17 @@ import (
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
 
-// The Tasks berth ships must be what the apiserver accepts, declare the contract's params,
-// and run a `berth host ...` command line that the real CLI parses with every required flag.
+// The Tasks berth ships must be what the apiserver accepts, declare the params berth's
+// internal TaskRuns pass (internal/provision/taskruns.go), and run a `berth host ...` command
+// line that the real CLI parses with every required flag.
 func TestShippedTasksRunTheHostCommands(t *testing.T) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	contract := map[string][]string{
-		"provision-shared-host": {"SECRET_NAME", "TASKRUN_NAME", "NAMESPACE", "HOST", "USER", "SUDO_COMMANDS", "RAW_PLATFORM", "INSTANCE_TAG"},
-		"clean-shared-host":     {"TASKRUN_NAME", "NAMESPACE", "HOST", "USER"},
+		"provision-shared-host": {"USER_NAME", "AUTHORIZED_KEY", "OWNER", "HOST", "USER", "SUDO_COMMANDS", "RAW_PLATFORM", "HOST_KEY"},
+		"clean-shared-host":     {"USER_NAME", "HOST", "USER", "RAW_PLATFORM", "HOST_KEY"},
 		"update-host":           {"HOST", "USER"},
 	}
 	ref := regexp.MustCompile(`\$\((params\.[A-Z_]+|workspaces\.ssh\.path)\)`)
@@ -55,7 +56,7 @@ func TestShippedTasksRunTheHostCommands(t *testing.T) {
 			}
 			for _, p := range params {
 				if !declared[p] {
-					t.Errorf("contract param %s missing", p)
+					t.Errorf("param %s missing", p)
 				}
 			}
 			if len(task.Spec.Workspaces) != 1 || task.Spec.Workspaces[0].Name != "ssh" {

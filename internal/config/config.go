@@ -34,6 +34,10 @@ type Config struct {
 	AdditionalInstanceTags map[string]string
 	// AllowedNamespaces, if not empty, are the namespaces whose tasks may be served.
 	AllowedNamespaces []*regexp.Regexp
+	// MaxTasksPerNamespace, if not 0, bounds how many tasks one namespace runs at once on a
+	// platform (berth's own key, max-tasks-per-namespace), so that one tenant cannot hold
+	// every slot.
+	MaxTasksPerNamespace int
 
 	// broken holds, per platform, the errors in its settings. A config with errors never
 	// replaces a good one; this lets a controller that has no good config yet tell each task

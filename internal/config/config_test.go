@@ -192,6 +192,10 @@ func TestProblemsNameTheKey(t *testing.T) {
 		// globals
 		{"namespace regex broken", with(map[string]string{"allowed-namespaces": "team-(a"}), Error, "allowed-namespaces", "valid regular expression"},
 		{"tags not pairs", with(map[string]string{"additional-instance-tags": "team=builds,oops"}), Error, "additional-instance-tags", `"oops" is not key=value`},
+		{"namespace cap zero", with(map[string]string{"max-tasks-per-namespace": "0"}), Error, "max-tasks-per-namespace", "0 is out of range"},
+		{"namespace cap negative", with(map[string]string{"max-tasks-per-namespace": "-3"}), Error, "max-tasks-per-namespace", "out of range"},
+		{"namespace cap word", with(map[string]string{"max-tasks-per-namespace": "few"}), Error, "max-tasks-per-namespace", `"few" is not a whole number`},
+		{"namespace cap empty", with(map[string]string{"max-tasks-per-namespace": " "}), Error, "max-tasks-per-namespace", "empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, problems := Parse(tc.data)
@@ -249,5 +253,15 @@ func TestSuggest(t *testing.T) {
 		if got := suggest(tc.word, []string{"address", "concurrency", "platform", "secret", "user"}); got != tc.want {
 			t.Errorf("suggest(%q) = %q, want %q", tc.word, got, tc.want)
 		}
+	}
+}
+
+func TestNamespaceCap(t *testing.T) {
+	cfg, problems := Parse(with(map[string]string{"max-tasks-per-namespace": "3"}))
+	if problems.HasErrors() || cfg.MaxTasksPerNamespace != 3 {
+		t.Fatalf("cap 3: %d, %v", cfg.MaxTasksPerNamespace, problems)
+	}
+	if cfg, _ := Parse(with(nil)); cfg.MaxTasksPerNamespace != 0 {
+		t.Fatalf("no key: cap %d, want 0 (none)", cfg.MaxTasksPerNamespace)
 	}
 }

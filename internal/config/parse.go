@@ -116,6 +116,13 @@ func (p *parser) parseGlobals() {
 			p.cfg.AdditionalInstanceTags[strings.TrimSpace(k)] = strings.TrimSpace(v)
 		}
 	}
+	if raw, ok := p.data["max-tasks-per-namespace"]; ok {
+		p.cfg.MaxTasksPerNamespace = p.intInRange(strings.TrimSpace(raw), 1, maxTasksPerNamespace, "tasks one namespace may run at once on a platform",
+			func(msg string) { p.errorf("max-tasks-per-namespace", "%s", msg) })
+		if strings.TrimSpace(raw) == "" {
+			p.errorf("max-tasks-per-namespace", "empty; write a number, or remove the key for no limit")
+		}
+	}
 	for _, ns := range splitList(p.data["allowed-namespaces"]) {
 		re, err := regexp.Compile("^(?:" + ns + ")$")
 		if err != nil {

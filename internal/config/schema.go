@@ -26,6 +26,8 @@ var globalKeys = map[string]field{
 	"instance-tag":             {kind: kindString},
 	"additional-instance-tags": {kind: kindString},
 	"allowed-namespaces":       {kind: kindString},
+	// berth's own: how many tasks one namespace may run at once on each platform.
+	"max-tasks-per-namespace": {kind: kindInt},
 }
 
 // hostKeys are the fields of host.<name>.<field>.
@@ -118,6 +120,7 @@ const (
 	maxHostConcurrency   = 64
 	maxInstances         = 250
 	maxPoolAgeMinutes    = 24 * 60
+	maxTasksPerNamespace = 10000
 	defaultAllocTimeout  = 600 // seconds
 	defaultCheckInterval = 60  // seconds
 )

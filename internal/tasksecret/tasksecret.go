@@ -5,14 +5,10 @@
 package tasksecret
 
 import (
-	"context"
-	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
 )
@@ -61,25 +57,4 @@ func build(owner Owner, name string, data map[string][]byte) *corev1.Secret {
 		Type: corev1.SecretTypeOpaque,
 		Data: data,
 	}
-}
-
-// Apply creates the secret, or replaces the data of one left by an earlier attempt (a retried
-// provision has made a new key; the old one no longer works).
-func Apply(ctx context.Context, c client.Client, s *corev1.Secret) error {
-	err := c.Create(ctx, s)
-	if !apierrors.IsAlreadyExists(err) {
-		if err != nil {
-			return fmt.Errorf("creating secret %s/%s: %w", s.Namespace, s.Name, err)
-		}
-		return nil
-	}
-	var existing corev1.Secret
-	if err := c.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
-		return fmt.Errorf("reading secret %s/%s: %w", s.Namespace, s.Name, err)
-	}
-	existing.Data, existing.Labels, existing.OwnerReferences = s.Data, s.Labels, s.OwnerReferences
-	if err := c.Update(ctx, &existing); err != nil {
-		return fmt.Errorf("updating secret %s/%s: %w", s.Namespace, s.Name, err)
-	}
-	return nil
 }

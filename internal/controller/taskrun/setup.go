@@ -43,9 +43,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
-	r.Config.OnChange(func(cfg *config.Config) { r.wake(r.Ledger.SetHosts(ledgerHosts(cfg))) })
+	r.Config.OnChange(func(cfg *config.Config) {
+		r.wake(r.Ledger.SetHosts(ledgerHosts(cfg)))
+		r.wake(r.Ledger.SetNamespaceCaps(namespaceCaps(cfg)))
+	})
 	if cfg := r.Config.Config(); cfg != nil {
 		r.Ledger.SetHosts(ledgerHosts(cfg))
+		r.Ledger.SetNamespaceCaps(namespaceCaps(cfg))
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey); err != nil {
 		return err
@@ -95,6 +99,17 @@ func ledgerHosts(cfg *config.Config) []allocation.Host {
 		hosts = append(hosts, allocation.Host{Name: h.Name, Platform: string(h.Platform), Capacity: h.Concurrency})
 	}
 	return hosts
+}
+
+// namespaceCaps applies max-tasks-per-namespace to every platform.
+func namespaceCaps(cfg *config.Config) map[string]int {
+	caps := map[string]int{}
+	if cfg.MaxTasksPerNamespace > 0 {
+		for p := range cfg.Platforms {
+			caps[string(p)] = cfg.MaxTasksPerNamespace
+		}
+	}
+	return caps
 }
 
 func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {

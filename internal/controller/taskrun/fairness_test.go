@@ -1,0 +1,99 @@
+package taskrun_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/devstack"
+)
+
+// secondNamespace makes another tenant namespace for a test.
+func secondNamespace(t *testing.T, suffix string) string {
+	t.Helper()
+	ns := namespace(t) + "-" + suffix
+	if err := stack.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// holding counts the tasks of ns that hold a slot (provisioning or ready).
+func holding(t *testing.T, ns string) int {
+	t.Helper()
+	var list berthv1.AllocationList
+	if err := c().List(context.Background(), &list, client.InNamespace(devstack.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, rec := range list.Items {
+		if rec.Spec.TaskRun.Namespace == ns && (rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAFloodingNamespaceDoesNotStarveAnother: one namespace queues many tasks on a full
+// platform, another then asks for one; the next slot that frees goes to the other.
+func TestAFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
+	applyConfig(t, 1, nil)
+	flood := namespace(t)
+	quiet := secondNamespace(t, "quiet")
+	var floods []*pipelinev1.TaskRun
+	for i := range 12 {
+		floods = append(floods, create(t, userTaskRun(flood, fmt.Sprintf("f-%02d", i), platform, "")))
+	}
+	for _, tr := range floods[:stackHosts] {
+		phaseIs(t, tr, berthv1.PhaseReady)
+	}
+	lone := create(t, userTaskRun(quiet, "lone", platform, ""))
+	phaseIs(t, lone, berthv1.PhaseWaiting)
+	finish(t, floods[0])
+	phaseIs(t, lone, berthv1.PhaseReady)
+	if n := holding(t, flood); n != stackHosts-1 {
+		t.Fatalf("the flooding namespace holds %d slots after the quiet one was served, want %d", n, stackHosts-1)
+	}
+	finish(t, lone)
+	finishAtRandom(t, flood)
+	allDone(t, flood, len(floods))
+	settled(t, flood)
+	settled(t, quiet)
+	noBuildUsersLeft(t)
+}
+
+// TestNamespaceCapLeavesSlotsForOthers: with max-tasks-per-namespace, a namespace never holds
+// more, even with slots free, and another namespace is served from those slots.
+func TestNamespaceCapLeavesSlotsForOthers(t *testing.T) {
+	applyConfig(t, 2, map[string]string{"max-tasks-per-namespace": "2"})
+	defer applyConfig(t, 2, nil)
+	greedy := namespace(t)
+	other := secondNamespace(t, "other")
+	var greedies []*pipelinev1.TaskRun
+	for i := range 5 {
+		greedies = append(greedies, create(t, userTaskRun(greedy, fmt.Sprintf("g-%d", i), platform, "")))
+	}
+	phaseIs(t, greedies[0], berthv1.PhaseReady)
+	phaseIs(t, greedies[1], berthv1.PhaseReady)
+	phaseIs(t, greedies[4], berthv1.PhaseWaiting)
+	o := create(t, userTaskRun(other, "o", platform, ""))
+	phaseIs(t, o, berthv1.PhaseReady)
+	if n := holding(t, greedy); n != 2 {
+		t.Fatalf("the capped namespace holds %d slots, want 2", n)
+	}
+	finish(t, greedies[0])
+	phaseIs(t, greedies[2], berthv1.PhaseReady)
+	if n := holding(t, greedy); n != 2 {
+		t.Fatalf("after one task ended the capped namespace holds %d slots, want 2", n)
+	}
+	finish(t, o)
+	finishAtRandom(t, greedy)
+	allDone(t, greedy, len(greedies))
+	settled(t, greedy)
+	settled(t, other)
+	noBuildUsersLeft(t)
+}
