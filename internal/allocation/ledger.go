@@ -165,6 +165,23 @@ func (l *Ledger) Restore(task Task, host, platform string) {
 	l.holders[task] = host
 }
 
+// Adopt records that task holds host, as a TaskRun left by another controller says, if the
+// host has a free slot; it reports whether it did. Unlike Restore it never over-commits: the
+// claim comes from labels a tenant can write.
+func (l *Ledger) Adopt(task Task, host, platform string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.holders[task]; ok {
+		return true
+	}
+	s, ok := l.hosts[host]
+	if !ok || s.Platform != platform || s.retired || len(s.holders) >= s.Capacity {
+		return false
+	}
+	l.reserve(task, host)
+	return true
+}
+
 // Enqueue puts a task in its platform's queue without serving it: how a restarted controller
 // restores the queue from the TaskRuns labelled as waiting, before anything is allocated.
 func (l *Ledger) Enqueue(req Request) {

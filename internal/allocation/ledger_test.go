@@ -278,3 +278,24 @@ func TestTransferKeepsTheSlotBusy(t *testing.T) {
 		t.Fatal("Transfer from a task holding nothing reported success")
 	}
 }
+
+func TestAdoptNeverOvercommits(t *testing.T) {
+	l := threeHosts() // b takes 1
+	if !l.Adopt(task(0), "b", "linux/s390x") {
+		t.Fatal("adopting into a free slot was refused")
+	}
+	if !l.Adopt(task(0), "b", "linux/s390x") {
+		t.Fatal("adopting the same task twice must be idempotent")
+	}
+	if l.Adopt(task(1), "b", "linux/s390x") {
+		t.Fatal("a second task was adopted onto a full host")
+	}
+	if l.Adopt(task(2), "p", "linux/s390x") || l.Adopt(task(3), "nowhere", "linux/s390x") {
+		t.Fatal("adopted onto a host of another platform, or an unknown one")
+	}
+	for _, u := range l.Usage() {
+		if u.Used > u.Capacity {
+			t.Fatalf("over-committed: %+v", u)
+		}
+	}
+}

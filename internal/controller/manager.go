@@ -48,6 +48,9 @@ type Options struct {
 	SSHWorkers int
 	// MinFreeBytes below which a host check fails.
 	MinFreeBytes uint64
+	// MirrorRevertInterval is how often at most a tenant's edit of berth's labels on one
+	// TaskRun is reverted (1 minute when zero), so an edit loop cannot drive unbounded writes.
+	MirrorRevertInterval time.Duration
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
@@ -101,7 +104,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	reconciler := &taskrun.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
 		Ledger: allocation.New(), Recorder: recorder, NewKey: hostops.NewKey,
-		WaitTimeout: o.WaitTimeout,
+		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
 	}
 	if o.HostCheckInterval > 0 {
 		reconciler.QuarantineAfterCleanFailures = 3

@@ -61,6 +61,9 @@ type Reconciler struct {
 	mirrors  sync.Map // TaskRun UID → mirrorState berth last wrote
 	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	now      func() time.Time
+	// started is when this controller started: only TaskRuns older than that can have been
+	// served by the controller berth replaces.
+	started time.Time
 }
 
 // kind of a TaskRun, by the contract's rules.

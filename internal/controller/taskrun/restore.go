@@ -103,6 +103,12 @@ func (r *Reconciler) adoptOnce(ctx context.Context) error {
 			(host == "" && !controllerutil.ContainsFinalizer(tr, contract.Finalizer)) {
 			continue
 		}
+		// A TaskRun created after this controller started was never served by another one:
+		// its labels are the tenant's, not a record of anything (the apiserver sets the
+		// creation time; a tenant cannot).
+		if !tr.CreationTimestamp.Time.Before(r.started) {
+			continue
+		}
 		ok, err := r.adopt(ctx, tr, host)
 		if err != nil {
 			return err
@@ -134,15 +140,22 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 		r.event(tr, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
 		return false, client.IgnoreNotFound(r.patchMirrors(ctx, tr, mirrorState{ended: true}))
 	}
+	// The labels are still the tenant's to write: they may name a full host. The controller
+	// berth replaces never over-committed, so a task beyond the host's concurrency was not
+	// really there; it is served like a new task instead.
+	if !r.Ledger.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
+		r.event(tr, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
+		return false, nil
+	}
 	rec := r.newRecord(tr, config.StrategyStatic)
 	login := loginOf(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
 		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
 		ReservedAt: r.stamp()}
 	if err := r.Client.Create(ctx, rec); err != nil {
+		r.Ledger.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
-	r.Ledger.Restore(taskOf(tr), host.Name, rec.Spec.Platform)
 	r.event(tr, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
 	return true, nil
 }

@@ -37,6 +37,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.now == nil {
 		r.now = time.Now
 	}
+	r.started = r.now()
 	if r.MirrorRevertInterval == 0 {
 		r.MirrorRevertInterval = time.Minute
 	}

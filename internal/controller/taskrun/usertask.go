@@ -75,6 +75,11 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 	strategy, known := cfg.Strategy(config.Platform(platform))
 	switch {
 	case !known:
+		if rejected, _ := r.Config.Rejected(); rejected != nil && len(rejected.Broken(config.Platform(platform))) > 0 {
+			return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", fmt.Sprintf(
+				"platform %s was added to berth's host configuration with errors, so berth does not serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
+				platform, rejected.Broken(config.Platform(platform)).Summary(), contract.ConfigLabel, r.Namespace))
+		}
 		return reconcile.Result{}, r.fail(ctx, tr, "UnknownPlatform", fmt.Sprintf(
 			"platform %q is not configured: berth knows %s. Fix the PLATFORM param of the task, or ask the platform team to add the platform.", platform, knownPlatforms(cfg)))
 	case strategy == config.StrategyLocal:

@@ -1,0 +1,340 @@
+// Package security_test attacks berth as a tenant would: a ServiceAccount that may read and
+// write TaskRuns and Secrets in its own namespace and nothing else, acting through an
+// impersonating client against a real apiserver, with berth's controller running under its
+// shipped RBAC and real sshd hosts behind it. Each test asserts what a host owner would check
+// afterwards: no file outside a build user's home changed, no admin key in any tenant secret,
+// never more tasks on a host than its concurrency, every build user gone after its task.
+package security_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/cli"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller"
+	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/sshhosts"
+)
+
+var stack *devstack.Stack
+
+const (
+	platform     = "linux/s390x"
+	hostCount    = 3
+	runScriptKey = "berth.test/run-script"
+	patience     = 90 * time.Second
+)
+
+func TestMain(m *testing.M) {
+	if err := sshhosts.Prerequisites(); err != nil {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "skipping the security suite:", err)
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "berth-security-")
+	if err != nil {
+		panic(err)
+	}
+	os.Exit(run(m, dir))
+}
+
+func run(m *testing.M, dir string) int {
+	defer os.RemoveAll(dir)
+	var err error
+	stack, err = devstack.Up(context.Background(), devstack.Options{
+		StateDir: dir,
+		Hosts:    hostCount,
+		HostStep: func(ctx context.Context, args []string) error {
+			cmd := cli.NewRootCommand()
+			cmd.SetArgs(append(args, "--dial-timeout=3s"))
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			return cmd.ExecuteContext(ctx)
+		},
+		RunScripts: func(tr *pipelinev1.TaskRun) bool { return tr.Labels[runScriptKey] == "true" },
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: bringing up the stack:", err)
+		return 1
+	}
+	defer func() {
+		if err := stack.Down(); err != nil {
+			fmt.Fprintln(os.Stderr, "tearing the stack down:", err)
+		}
+	}()
+	o := controller.DefaultOptions()
+	o.MetricsAddress, o.HealthProbeAddress = "0", "0"
+	o.HostCheckInterval, o.FailedTaskRetention, o.WaitTimeout = 0, 0, 0
+	o.MirrorRevertInterval = 2 * time.Second
+	if err := stack.StartController(o); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: starting the controller:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// admin observes: the test's own eyes, never the attacker's hands.
+func admin() client.Client { return stack.ControlPlane.Client }
+
+// tenant is a namespace and the ServiceAccount that owns it.
+type tenant struct {
+	ns string
+	c  client.Client
+}
+
+// newTenant makes a namespace whose ServiceAccount may do anything to TaskRuns and Secrets
+// there, and nothing anywhere else.
+func newTenant(t *testing.T, suffix string) *tenant {
+	t.Helper()
+	ctx := context.Background()
+	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
+	if len(ns) > 40 {
+		ns = ns[:40]
+	}
+	ns = strings.Trim(ns+"-"+suffix, "-")
+	if err := stack.ControlPlane.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	all := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
+	for _, o := range []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"tekton.dev"}, Resources: []string{"taskruns"}, Verbs: all},
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: all},
+		}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tenant"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "tenant", Namespace: ns}}},
+	} {
+		if err := admin().Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := rest.CopyConfig(stack.ControlPlane.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":tenant",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	c, err := client.New(cfg, client.Options{Scheme: admin().Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tenant{ns: ns, c: c}
+}
+
+// taskRun is a TaskRun as buildah-remote makes them: PLATFORM and the secret volume.
+func (tn *tenant) taskRun(name, platformParam string) *pipelinev1.TaskRun {
+	return &pipelinev1.TaskRun{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tn.ns, Labels: map[string]string{}},
+		Spec: pipelinev1.TaskRunSpec{
+			Params: pipelinev1.Params{{Name: contract.PlatformParam, Value: *pipelinev1.NewStructuredValues(platformParam)}},
+			TaskSpec: &pipelinev1.TaskSpec{
+				Steps: []pipelinev1.Step{{Name: "build", Image: "buildah",
+					VolumeMounts: []corev1.VolumeMount{{Name: "ssh", MountPath: "/ssh", ReadOnly: true}}}},
+				Volumes: []corev1.Volume{{Name: "ssh", VolumeSource: corev1.VolumeSource{
+					Secret: &corev1.SecretVolumeSource{SecretName: contract.SecretPrefix + name}}}},
+			},
+		},
+	}
+}
+
+func (tn *tenant) create(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+	t.Helper()
+	if err := tn.c.Create(context.Background(), tr); err != nil {
+		t.Fatalf("the tenant creating %s: %v", tr.Name, err)
+	}
+	return tr
+}
+
+// get reads a TaskRun as it is now.
+func get(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+	t.Helper()
+	var now pipelinev1.TaskRun
+	if err := admin().Get(context.Background(), client.ObjectKeyFromObject(tr), &now); err != nil {
+		t.Fatal(err)
+	}
+	return &now
+}
+
+// relabel is the tenant editing its own TaskRun's labels.
+func (tn *tenant) relabel(t *testing.T, tr *pipelinev1.TaskRun, edit func(map[string]string)) {
+	t.Helper()
+	now := get(t, tr)
+	patch := client.MergeFrom(now.DeepCopy())
+	if now.Labels == nil {
+		now.Labels = map[string]string{}
+	}
+	edit(now.Labels)
+	if err := tn.c.Patch(context.Background(), now, patch); err != nil {
+		t.Fatalf("the tenant relabelling %s: %v", tr.Name, err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, patience, true, func(context.Context) (bool, error) {
+		ok, err := cond()
+		last = err
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("never: %s (last error: %v)", what, last)
+	}
+}
+
+// secretOf waits for the task's secret and returns it.
+func secretOf(t *testing.T, tr *pipelinev1.TaskRun) *corev1.Secret {
+	t.Helper()
+	var s corev1.Secret
+	eventually(t, "the secret of "+tr.Name+" exists", func() (bool, error) {
+		err := admin().Get(context.Background(), client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
+		return err == nil, client.IgnoreNotFound(err)
+	})
+	return &s
+}
+
+// record is berth's Allocation of a TaskRun.
+func record(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	var rec berthv1.Allocation
+	if err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec); err != nil {
+		t.Fatalf("the record of %s: %v", tr.Name, err)
+	}
+	return &rec
+}
+
+func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) *berthv1.Allocation {
+	t.Helper()
+	var rec berthv1.Allocation
+	eventually(t, tr.Name+" is "+string(phase), func() (bool, error) {
+		err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
+		return err == nil && rec.Status.Phase == phase, client.IgnoreNotFound(err)
+	})
+	return &rec
+}
+
+func finish(t *testing.T, tr *pipelinev1.TaskRun) {
+	t.Helper()
+	if err := stack.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(tr), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hostsByName() []*sshhosts.Host {
+	hosts := append([]*sshhosts.Host{}, stack.Fleet.Hosts...)
+	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Name < hosts[j].Name })
+	return hosts
+}
+
+func hostNamed(t *testing.T, name string) *sshhosts.Host {
+	t.Helper()
+	for _, h := range stack.Fleet.Hosts {
+		if h.Name == name {
+			return h
+		}
+	}
+	t.Fatalf("no host %s", name)
+	return nil
+}
+
+// applyConfig puts a host config in force: every host serves platform with concurrency slots,
+// plus extra keys.
+func applyConfig(t *testing.T, concurrency int, extra map[string]string) {
+	t.Helper()
+	data := stack.StaticHostConfig(platform, concurrency)
+	for k, v := range extra {
+		data[k] = v
+	}
+	rv, err := stack.ApplyHostConfig(context.Background(), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "config "+rv+" is taken", func() (bool, error) {
+		var events eventsv1.EventList
+		if err := admin().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if (e.Reason == "ConfigApplied" || e.Reason == "ConfigRejected") && strings.Contains(e.Note, "resourceVersion "+rv+":") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// settled waits until berth owes nothing for the namespace: no finalizers, secrets or records.
+func settled(t *testing.T, ns string) {
+	t.Helper()
+	eventually(t, "everything of "+ns+" is cleaned up", func() (bool, error) {
+		var trs pipelinev1.TaskRunList
+		if err := admin().List(context.Background(), &trs, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for _, tr := range trs.Items {
+			if len(tr.Finalizers) > 0 {
+				return false, fmt.Errorf("%s still has finalizers %v", tr.Name, tr.Finalizers)
+			}
+		}
+		var records berthv1.AllocationList
+		if err := admin().List(context.Background(), &records, client.InNamespace(devstack.Namespace)); err != nil {
+			return false, err
+		}
+		for _, rec := range records.Items {
+			if rec.Spec.TaskRun.Namespace == ns {
+				return false, fmt.Errorf("record of %s left: phase %s, debts %+v", rec.Spec.TaskRun.Key(), rec.Status.Phase, rec.Status.Debts)
+			}
+		}
+		return true, nil
+	})
+}
+
+// buildUsers lists the berth build users on a host.
+func buildUsers(t *testing.T, h *sshhosts.Host) []string {
+	t.Helper()
+	out, err := h.Run(context.Background(), "getent passwd | cut -d: -f1 | grep '^u-' || true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(out)
+}
+
+// noBuildUsersLeft: every build user is gone from every host.
+func noBuildUsersLeft(t *testing.T) {
+	t.Helper()
+	for _, h := range stack.Fleet.Hosts {
+		if users := buildUsers(t, h); len(users) > 0 {
+			t.Errorf("host %s still has build users %v", h.Name, users)
+		}
+	}
+}
+
+// hostTree fingerprints what root on a host could be tricked into changing: /etc and /root,
+// every path's type, mode, owner, link target and content (but the backups useradd keeps).
+func hostTree(t *testing.T, h *sshhosts.Host) string {
+	t.Helper()
+	out, err := h.Run(context.Background(), `find /etc /root -xdev ! -name '*-' -printf '%p %y %m %u %l\n' 2>/dev/null | sort; find /etc /root -xdev -type f ! -name '*-' -exec sha256sum {} + 2>/dev/null | sort`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
