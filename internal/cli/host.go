@@ -12,11 +12,8 @@ import (
 	"github.com/spf13/cobra"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
-	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/config"
@@ -231,28 +228,4 @@ the answer.`,
 	cmd.Flags().StringVar(&maintenance, "maintenance-command", "", "a command to run on the host as the admin user; failing makes it unhealthy")
 	cmd.Flags().StringVar(&resDir, "results-dir", "", "directory to write the results healthy and reason into (the TaskRun's results)")
 	return cmd
-}
-
-// postEvent records an Event on the user's TaskRun, where the person waiting for it looks.
-// It is best effort: the step's own error says the same.
-func postEvent(ctx context.Context, c client.Client, tr *pipelinev1.TaskRun, eventType, reason, note string) {
-	if len(note) > 1000 {
-		note = note[:997] + "..."
-	}
-	host, _ := os.Hostname()
-	ev := &eventsv1.Event{
-		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", tr.Name, time.Now().UnixNano()), Namespace: tr.Namespace},
-		EventTime:           metav1.NewMicroTime(time.Now()),
-		ReportingController: "berth.dev/host-step",
-		ReportingInstance:   "berth-host-step-" + host,
-		Action:              "Provision",
-		Reason:              reason,
-		Type:                eventType,
-		Note:                note,
-		Regarding: corev1.ObjectReference{APIVersion: "tekton.dev/v1", Kind: "TaskRun",
-			Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID, ResourceVersion: tr.ResourceVersion},
-	}
-	if err := c.Create(ctx, ev); err != nil {
-		fmt.Fprintf(os.Stderr, "recording event %s on TaskRun %s/%s: %v\n", reason, tr.Namespace, tr.Name, err)
-	}
 }

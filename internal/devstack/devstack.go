@@ -19,7 +19,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
@@ -125,9 +124,7 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		step := s.StandIn.StepCommand(func(ctx context.Context, args []string) error {
 			return opts.HostStep(ctx, append(args, "--kubeconfig", hostStepKubeconfig, "--known-hosts-namespace", Namespace))
 		})
-		for _, taskType := range []string{contract.TaskTypeProvision, contract.TaskTypeClean, contract.TaskTypeUpdate} {
-			s.StandIn.Register(taskType, step)
-		}
+		s.StandIn.Register("berth", step) // the step of every Task in config/tasks
 	}
 	standInCtx, cancel := context.WithCancel(context.Background())
 	s.stopStandIn, s.standInDone = cancel, make(chan error, 1)

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"golang.org/x/crypto/ssh"
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
@@ -116,5 +119,44 @@ func TestWaitTimeoutEndsInAnErrorSecret(t *testing.T) {
 	for _, tr := range trs {
 		finish(t, tr)
 	}
+	settled(t, ns)
+}
+
+// TestChangedHostKeyIsReportedOnTheTask: a host that presents another key than the one pinned
+// is refused, and the task's owner sees why on the TaskRun.
+func TestChangedHostKeyIsReportedOnTheTask(t *testing.T) {
+	hosts := hostsByName()
+	only, impostor := hosts[0], hosts[1]
+	data := map[string]string{}
+	for k, v := range stack.StaticHostConfig(platform, 2) {
+		if strings.HasPrefix(k, "host."+only.Name+".") {
+			data[k] = v
+		}
+	}
+	data["host."+only.Name+".host-key"] = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(impostor.HostKey)))
+	rv, err := stack.ApplyHostConfig(context.Background(), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "config "+rv+" is in force", func() (bool, error) { return controllerEvent("ConfigApplied", "resourceVersion "+rv+":") })
+	defer applyConfig(t, 2, nil)
+	ns := namespace(t)
+	tr := create(t, userTaskRun(ns, "pinned", platform, ""))
+	if msg := string(secretOf(t, tr).Data["error"]); !strings.Contains(msg, "could be provisioned") {
+		t.Fatalf("error %q", msg)
+	}
+	eventually(t, "a HostKeyChanged Event on the TaskRun names the host", func() (bool, error) {
+		var events eventsv1.EventList
+		if err := c().List(context.Background(), &events, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "HostKeyChanged" && e.Regarding.Name == tr.Name && strings.Contains(e.Note, only.Name) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	finish(t, tr)
 	settled(t, ns)
 }

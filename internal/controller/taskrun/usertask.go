@@ -21,6 +21,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/remote"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
@@ -283,7 +284,11 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 		return reconcile.Result{}, err
 	}
 	r.Ledger.Transfer(taskOf(tr), debtTask(next, rec.Status.BuildUser))
-	r.event(tr, corev1.EventTypeWarning, "ProvisioningFailed", "host %s: %s; trying another host", login.Host, why)
+	reason := "ProvisioningFailed"
+	if remote.IsHostKeyChanged(cause) {
+		reason = "HostKeyChanged" // a replaced host, or someone in the middle: people must look
+	}
+	r.event(tr, corev1.EventTypeWarning, reason, "host %s: %s; trying another host", login.Host, why)
 	var results outcomes
 	results.add(r.payDebts(ctx, next))
 	results.add(r.reserve(ctx, tr, next))

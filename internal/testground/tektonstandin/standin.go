@@ -4,10 +4,11 @@
 //
 // For each TaskRun it resolves the Task into status.taskSpec (as Tekton does), creates the Pod
 // object, and keeps Succeeded=Unknown while the run is in progress. A run then ends one of
-// three ways: an Executor registered for its build.appstudio.redhat.com/task-type label runs
-// Go code (the same code the real step runs); with RunScripts, a user TaskRun's step scripts
-// run as local processes once the Secrets its volumes mount exist; or the caller ends it with
-// Finish.
+// three ways: an Executor registered for the command of its one step (berth's own Tasks run
+// `berth host ...`) runs Go code, the same code the real step runs; with RunScripts, a user
+// TaskRun's step scripts run as local processes once the Secrets its volumes mount exist; or
+// the caller ends it with Finish. Labels choose nothing, as in Tekton: a tenant's TaskRun
+// labelled like berth's internal ones runs as what it is.
 package tektonstandin
 
 import (
@@ -35,11 +36,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/berth-ci/berth/internal/contract"
 )
 
-// TaskTypeLabel marks berth's internal TaskRuns (provision, clean, update).
-const TaskTypeLabel = contract.TaskTypeLabel
 
 // Executor runs an internal TaskRun's work in Go. It returns the TaskRun's results; an error
 // fails the TaskRun with the error as its message.
@@ -86,11 +84,20 @@ func New(opts Options) *StandIn {
 	}
 }
 
-// Register makes TaskRuns labelled task-type=taskType run e.
-func (s *StandIn) Register(taskType string, e Executor) {
+// Register makes TaskRuns whose one step runs command (its first Command word) run e.
+func (s *StandIn) Register(command string, e Executor) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.executors[taskType] = e
+	s.executors[command] = e
+}
+
+// executorFor is the executor registered for the TaskRun's step command, if any.
+func (s *StandIn) executorFor(tr *pipelinev1.TaskRun) Executor {
+	spec := tr.Status.TaskSpec
+	if spec == nil || len(spec.Steps) != 1 || len(spec.Steps[0].Command) == 0 {
+		return nil
+	}
+	return s.executors[spec.Steps[0].Command[0]]
 }
 
 // Start runs the stand-in with its own manager until ctx ends. It has its own cache so that it
@@ -256,7 +263,7 @@ func podFor(tr *pipelinev1.TaskRun, serviceAccount string) *corev1.Pod {
 func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	key := client.ObjectKeyFromObject(tr)
 	s.mu.Lock()
-	executor := s.executors[tr.Labels[TaskTypeLabel]]
+	executor := s.executorFor(tr)
 	previous := s.running[key]
 	s.mu.Unlock()
 	if previous != nil && previous.uid == tr.UID {
@@ -269,7 +276,7 @@ func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	switch {
 	case executor != nil:
 		work = func(ctx context.Context) (map[string]string, error) { return executor(ctx, tr.DeepCopy()) }
-	case s.opts.RunScripts != nil && tr.Labels[TaskTypeLabel] == "" && s.opts.RunScripts(tr):
+	case s.opts.RunScripts != nil && s.opts.RunScripts(tr):
 		ready, err := s.secretsPresent(ctx, tr)
 		if err != nil || !ready {
 			return err // the Secret watch brings it back when one appears

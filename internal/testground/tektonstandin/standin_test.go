@@ -16,6 +16,7 @@ import (
 	"knative.dev/pkg/apis"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
 
@@ -27,7 +28,7 @@ var (
 func TestMain(m *testing.M) {
 	os.Exit(controlplane.RunTests(m, &cp, func(ctx context.Context) error {
 		standIn = New(Options{Scheme: controlplane.Scheme(), RunScripts: func(*pipelinev1.TaskRun) bool { return true }})
-		standIn.Register("provision", func(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
+		standIn.Register("fake-provision", func(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
 			if tr.Spec.Params[0].Value.StringVal == "unreachable" {
 				return nil, errors.New("host unreachable did not answer")
 			}
@@ -88,9 +89,10 @@ func TestResolvesTaskRefAndCreatesPod(t *testing.T) {
 	if err := cp.Client.Create(ctx, task); err != nil {
 		t.Fatal(err)
 	}
-	// A task-type label with no executor: the run stays in progress until Finish.
+	// A task-type label chooses nothing: a user's step is no executor's, and the run stays in
+	// progress until Finish.
 	tr := &pipelinev1.TaskRun{
-		ObjectMeta: metav1.ObjectMeta{Name: "build", Namespace: ns, Labels: map[string]string{TaskTypeLabel: "update"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "build", Namespace: ns, Labels: map[string]string{contract.TaskTypeLabel: "provision"}},
 		Spec:       pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}},
 	}
 	if err := cp.Client.Create(ctx, tr); err != nil {
@@ -140,10 +142,10 @@ func TestExecutorRunsToCompletion(t *testing.T) {
 	} {
 		tr := &pipelinev1.TaskRun{
 			ObjectMeta: metav1.ObjectMeta{Name: "provision-" + strings.ReplaceAll(tc.host, ".", "-"), Namespace: ns,
-				Labels: map[string]string{TaskTypeLabel: "provision"}},
+				Labels: map[string]string{contract.TaskTypeLabel: "provision"}},
 			Spec: pipelinev1.TaskRunSpec{
 				Params:   pipelinev1.Params{{Name: "HOST", Value: *pipelinev1.NewStructuredValues(tc.host)}},
-				TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "provision", Image: "berth"}}},
+				TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "provision", Image: "berth", Command: []string{"fake-provision"}}}},
 			},
 		}
 		if err := cp.Client.Create(ctx, tr); err != nil {
