@@ -130,7 +130,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 		if w.Store.Config() != nil {
 			kept = "the last good config stays in force"
 		}
-		msg := fmt.Sprintf("rejected: %d error(s); %s. %s", len(problems.Errors()), kept, problems.Summary())
+		msg := fmt.Sprintf("resourceVersion %s: rejected: %d error(s); %s. %s", cm.ResourceVersion, len(problems.Errors()), kept, problems.Summary())
 		log.Error(nil, "host-config ConfigMap rejected", "configmap", cm.Name, "resourceVersion", cm.ResourceVersion, "problems", problems.Summary())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonRejected, "Validate", "%s", truncate(msg))
 		w.applied = cm.ResourceVersion
