@@ -35,9 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-
 )
-
 
 // Executor runs an internal TaskRun's work in Go. It returns the TaskRun's results; an error
 // fails the TaskRun with the error as its message.
