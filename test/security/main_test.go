@@ -264,6 +264,13 @@ func applyConfig(t *testing.T, concurrency int, extra map[string]string) {
 	for k, v := range extra {
 		data[k] = v
 	}
+	applyConfigData(t, data)
+}
+
+// applyConfigData puts exactly data in force as the host config (or has it judged and
+// rejected, keeping the last good one).
+func applyConfigData(t *testing.T, data map[string]string) {
+	t.Helper()
 	rv, err := stack.ApplyHostConfig(context.Background(), data)
 	if err != nil {
 		t.Fatal(err)
@@ -282,59 +289,45 @@ func applyConfig(t *testing.T, concurrency int, extra map[string]string) {
 	})
 }
 
-// settled waits until berth owes nothing for the namespace: no finalizers, secrets or records.
+// settled waits until berth owes nothing for the namespace: no finalizers or assigned hosts
+// on its TaskRuns, no secrets of berth's, no records and no internal TaskRuns for it.
 func settled(t *testing.T, ns string) {
 	t.Helper()
 	eventually(t, "everything of "+ns+" is cleaned up", func() (bool, error) {
+		ctx := context.Background()
 		var trs pipelinev1.TaskRunList
-		if err := admin().List(context.Background(), &trs, client.InNamespace(ns)); err != nil {
+		if err := admin().List(ctx, &trs, client.InNamespace(ns)); err != nil {
 			return false, err
 		}
 		for _, tr := range trs.Items {
-			if len(tr.Finalizers) > 0 {
-				return false, fmt.Errorf("%s still has finalizers %v", tr.Name, tr.Finalizers)
+			if host := tr.Labels[contract.AssignedHostLabel]; len(tr.Finalizers) > 0 || host != "" && host != contract.Localhost {
+				return false, fmt.Errorf("%s still has finalizers %v / host %q", tr.Name, tr.Finalizers, host)
 			}
 		}
+		var secrets corev1.SecretList
+		if err := admin().List(ctx, &secrets, client.InNamespace(ns), client.HasLabels{contract.SecretLabel}); err != nil {
+			return false, err
+		}
+		if len(secrets.Items) > 0 {
+			return false, fmt.Errorf("%d secrets left, e.g. %s", len(secrets.Items), secrets.Items[0].Name)
+		}
 		var records berthv1.AllocationList
-		if err := admin().List(context.Background(), &records, client.InNamespace(devstack.Namespace)); err != nil {
+		if err := admin().List(ctx, &records, client.InNamespace(devstack.Namespace)); err != nil {
 			return false, err
 		}
 		for _, rec := range records.Items {
 			if rec.Spec.TaskRun.Namespace == ns {
-				return false, fmt.Errorf("record of %s left: phase %s, debts %+v", rec.Spec.TaskRun.Key(), rec.Status.Phase, rec.Status.Debts)
+				return false, fmt.Errorf("record of %s left: phase %s, debts %+v, message %q", rec.Spec.TaskRun.Key(), rec.Status.Phase, rec.Status.Debts, rec.Status.Message)
 			}
+		}
+		var internal pipelinev1.TaskRunList
+		if err := admin().List(ctx, &internal, client.InNamespace(devstack.Namespace),
+			client.MatchingLabels{contract.UserTaskNamespaceLabel: ns}); err != nil {
+			return false, err
+		}
+		if len(internal.Items) > 0 {
+			return false, fmt.Errorf("%d internal TaskRuns left, e.g. %s", len(internal.Items), internal.Items[0].Name)
 		}
 		return true, nil
 	})
-}
-
-// buildUsers lists the berth build users on a host.
-func buildUsers(t *testing.T, h *sshhosts.Host) []string {
-	t.Helper()
-	out, err := h.Run(context.Background(), "getent passwd | cut -d: -f1 | grep '^u-' || true")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Fields(out)
-}
-
-// noBuildUsersLeft: every build user is gone from every host.
-func noBuildUsersLeft(t *testing.T) {
-	t.Helper()
-	for _, h := range stack.Fleet.Hosts {
-		if users := buildUsers(t, h); len(users) > 0 {
-			t.Errorf("host %s still has build users %v", h.Name, users)
-		}
-	}
-}
-
-// hostTree fingerprints what root on a host could be tricked into changing: /etc and /root,
-// every path's type, mode, owner, link target and content (but the backups useradd keeps).
-func hostTree(t *testing.T, h *sshhosts.Host) string {
-	t.Helper()
-	out, err := h.Run(context.Background(), `find /etc /root -xdev ! -name '*-' -printf '%p %y %m %u %l\n' 2>/dev/null | sort; find /etc /root -xdev -type f ! -name '*-' -exec sha256sum {} + 2>/dev/null | sort`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
