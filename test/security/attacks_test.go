@@ -82,6 +82,8 @@ func TestTenantCannotReachBerthsNamespace(t *testing.T) {
 	if err := tn.c.Create(ctx, tr); !apierrors.IsForbidden(err) {
 		t.Errorf("creating a TaskRun in berth's namespace: %v, want Forbidden", err)
 	}
+	settled(t, tn.ns)
+	noBuildUsersLeft(t)
 }
 
 // TestForgedAssignedHostGetsNoSlot: more TaskRuns than one host takes, all created already
