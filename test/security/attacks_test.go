@@ -18,6 +18,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // slotWatch follows berth's records and counts the tasks holding each host, at every change.
@@ -84,31 +85,10 @@ func (s *slotWatch) verify(t *testing.T, capacity int) {
 	}
 }
 
-// adminKeys are the public halves of every private key kept in berth's namespace.
-func adminKeys(t *testing.T) [][]byte {
-	t.Helper()
-	var list corev1.SecretList
-	if err := admin().List(context.Background(), &list, client.InNamespace(devstack.Namespace)); err != nil {
-		t.Fatal(err)
-	}
-	var keys [][]byte
-	for _, s := range list.Items {
-		for _, v := range s.Data {
-			if k, err := ssh.ParsePrivateKey(v); err == nil {
-				keys = append(keys, k.PublicKey().Marshal())
-			}
-		}
-	}
-	if len(keys) == 0 {
-		t.Fatal("found no admin key to look for")
-	}
-	return keys
-}
-
 // noAdminKeyIn fails if any secret of the namespace holds a key whose public half is an admin key.
 func noAdminKeyIn(t *testing.T, ns string) {
 	t.Helper()
-	admins := adminKeys(t)
+	admins := stacktest.AdminPublicKeys(t, admin(), devstack.Namespace)
 	var list corev1.SecretList
 	if err := admin().List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
