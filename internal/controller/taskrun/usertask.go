@@ -86,9 +86,6 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 	case strategy == config.StrategyLocal:
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	case strategy == config.StrategyStatic:
-		if why := hostops.Unsupported(platform); why != "" {
-			return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", why)
-		}
 		return r.reserve(ctx, tr, r.newRecord(tr, strategy))
 	}
 	return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", fmt.Sprintf(
@@ -149,7 +146,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.Phase = berthv1.PhaseProvisioning
 	next.Status.Login = &login
 	next.Status.Attempt++
-	next.Status.BuildUser = hostops.UserName(string(tr.UID), next.Status.Attempt)
+	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.UserDir, next.Status.Message = "", ""
 	next.Status.ReservedAt = r.stamp()
 	if err := r.save(ctx, next); err != nil {
@@ -252,7 +249,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		return reconcile.Result{}, err
 	}
 	next.Status.Attempt++
-	next.Status.BuildUser = hostops.UserName(string(tr.UID), next.Status.Attempt)
+	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.Message = why
 	if err := r.save(ctx, next); err != nil {
 		return reconcile.Result{}, err

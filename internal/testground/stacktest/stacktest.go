@@ -180,3 +180,16 @@ func PhaseIs(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun, phase berthv
 	})
 	return &rec
 }
+
+// ForgetHost runs `berth host forget` as an operator would: for a host berth can never clean
+// (a Windows or macOS platform pointed at a Linux test host), so its records can end.
+func ForgetHost(t *testing.T, s *devstack.Stack, host string) {
+	t.Helper()
+	cmd := cli.NewRootCommand()
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"host", "forget", host, "--yes", "--namespace", devstack.Namespace, "--kubeconfig", s.KubeConfigPath})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("berth host forget %s: %v", host, err)
+	}
+}
