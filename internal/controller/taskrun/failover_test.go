@@ -158,9 +158,6 @@ func TestChangedHostKeyIsReportedOnTheTask(t *testing.T) {
 		return false, nil
 	})
 	finish(t, tr)
-	// The record pinned the key it was given: berth will not clean through an impostor, so
-	// the operator forgets the host's debt (nothing was created there) and puts it back.
-	mustBerthHost(t, "forget", only.Name, "--yes")
-	mustBerthHost(t, "undrain", only.Name)
+	// berth never logged in to the impostor, so it owes it no clean: the task settles.
 	settled(t, ns)
 }
