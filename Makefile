@@ -31,7 +31,7 @@ vet:
 
 ## test: every test, on a real control plane and real SSH hosts
 test: prereqs testbin vet
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
 ## fuzz: each fuzz target for FUZZTIME (make test replays only their seed corpora)

@@ -112,35 +112,7 @@ func TestNamespaceCapBoundsOneTenant(t *testing.T) {
 // BenchmarkHandOverManyNamespaces: as BenchmarkHandOver, with 10,000 waiters in 100
 // namespaces, so every hand-over interleaves the namespaces' turns.
 func BenchmarkHandOverManyNamespaces(b *testing.B) {
-	l := New()
-	var hosts []Host
-	for i := range 50 {
-		hosts = append(hosts, Host{fmt.Sprintf("h%02d", i), "linux/s390x", 4})
-	}
-	l.SetHosts(hosts)
-	var holders []Task
-	for i := range 10200 {
-		r := nsReq(fmt.Sprintf("ns%02d", i%100), i)
-		if g := l.Acquire(r); g.Host != "" {
-			holders = append(holders, r.Task)
-		}
-	}
-	created := t0.Add(time.Hour)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		done := holders[i%len(holders)]
-		wake := l.Release(done)
-		if len(wake) != 1 {
-			b.Fatalf("a release woke %d waiters, want 1", len(wake))
-		}
-		if g := l.Acquire(Request{Task: wake[0], Platform: "linux/s390x"}); g.Host == "" {
-			b.Fatalf("the woken waiter got no slot: %+v", g)
-		}
-		holders[i%len(holders)] = wake[0]
-		created = created.Add(time.Second)
-		l.Acquire(Request{Task: done, Platform: "linux/s390x", Created: created})
-	}
+	handOver(b, func(i int) Request { return nsReq(fmt.Sprintf("ns%02d", i%100), i) }, 10200)
 }
 
 // The place in line a waiter is told is its place in the turns.

@@ -204,9 +204,15 @@ func TestConcurrentUseNeverOvercommits(t *testing.T) {
 }
 
 // BenchmarkHandOver measures one slot changing hands on a busy platform: a task releases its
-// slot, the oldest of 100 waiters is woken and claims it, and the finished task's name comes
+// slot, the next of 100 waiters is woken and claims it, and the finished task's name comes
 // back as a new task at the end of the queue. 50 hosts x 4 slots, all busy.
 func BenchmarkHandOver(b *testing.B) {
+	handOver(b, func(i int) Request { return req(i) }, 300)
+}
+
+// handOver runs the hand-over benchmark on 50 hosts x 4 slots with tasks requests, of which
+// 200 get a slot and the rest wait.
+func handOver(b *testing.B, request func(int) Request, tasks int) {
 	l := New()
 	var hosts []Host
 	for i := range 50 {
@@ -214,9 +220,10 @@ func BenchmarkHandOver(b *testing.B) {
 	}
 	l.SetHosts(hosts)
 	var holders []Task
-	for i := range 300 {
-		if g := l.Acquire(req(i)); g.Host != "" {
-			holders = append(holders, task(i))
+	for i := range tasks {
+		r := request(i)
+		if g := l.Acquire(r); g.Host != "" {
+			holders = append(holders, r.Task)
 		}
 	}
 	created := t0.Add(time.Hour)
@@ -228,11 +235,10 @@ func BenchmarkHandOver(b *testing.B) {
 		if len(wake) != 1 {
 			b.Fatalf("a release woke %d waiters, want 1", len(wake))
 		}
-		next := wake[0]
-		if g := l.Acquire(Request{Task: next, Platform: "linux/s390x"}); g.Host == "" {
+		if g := l.Acquire(Request{Task: wake[0], Platform: "linux/s390x"}); g.Host == "" {
 			b.Fatalf("the woken waiter got no slot: %+v", g)
 		}
-		holders[i%len(holders)] = next
+		holders[i%len(holders)] = wake[0]
 		created = created.Add(time.Second)
 		l.Acquire(Request{Task: done, Platform: "linux/s390x", Created: created})
 	}

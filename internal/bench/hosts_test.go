@@ -40,7 +40,7 @@ func TestSimulatedHostsAnswerBerthsHostCommands(t *testing.T) {
 	if err := side.RemoveUser(ctx, target, "linux/s390x", user); err != nil {
 		t.Fatalf("cleaning on the simulated host: %v", err)
 	}
-	if health := side.Check(ctx, target); !health.Healthy {
+	if health := side.Check(ctx, target, "linux/s390x"); !health.Healthy {
 		t.Fatalf("the simulated host is unhealthy: %s", health.Reason)
 	}
 	if p, c, k := answers.provisions.Load(), answers.cleans.Load(), answers.checks.Load(); p != 1 || c != 1 || k != 1 {

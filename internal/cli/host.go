@@ -95,9 +95,6 @@ key and writes no Secret: the controller made the key and writes the task's secr
 The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if why := hostops.Unsupported(platform); why != "" {
-				return errors.New(why)
-			}
 			var sudo []string
 			if strings.TrimSpace(sudoCommands) != "" {
 				var err error
@@ -109,7 +106,7 @@ The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 			if err != nil {
 				return err
 			}
-			dir, err := hostops.CreateUser(cmd.Context(), target, hostops.NewUser{
+			dir, err := hostops.CreateUserOn(cmd.Context(), target, platform, hostops.NewUser{
 				Name: userName, AuthorizedKey: []byte(authorizedKey), Owner: owner, SudoCommands: sudo})
 			if err != nil {
 				return err
@@ -150,7 +147,7 @@ func newHostCleanCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := hostops.Clean(cmd.Context(), target, userName); err != nil {
+			if err := hostops.CleanOn(cmd.Context(), target, platform, userName); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", userName, hf.host)

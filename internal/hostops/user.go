@@ -54,6 +54,12 @@ func (u NewUser) check() (authorized []byte, err error) {
 	if !newUserNameRE.MatchString(u.Name) {
 		return nil, fmt.Errorf("%q is not a berth build user name", truncate(u.Name))
 	}
+	return u.checkInputs()
+}
+
+// checkInputs checks what every OS's script receives besides the name: one public key, an
+// owner of one printable line, sudo commands of berth's grammar.
+func (u NewUser) checkInputs() (authorized []byte, err error) {
 	key, _, _, rest, err := ssh.ParseAuthorizedKey(u.AuthorizedKey)
 	if err != nil || strings.TrimSpace(string(rest)) != "" {
 		return nil, fmt.Errorf("the key for build user %s is not exactly one public key (authorized_keys line)", u.Name)
@@ -105,15 +111,6 @@ func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error)
 		return "", fmt.Errorf("on host %s, creating build user %s printed no home directory: %q", t.Address, u.Name, home)
 	}
 	return home + "/build", nil
-}
-
-// Unsupported says why berth cannot yet make per-task users on platform's OS ("" if it can).
-func Unsupported(platform string) string {
-	osName, _, _ := strings.Cut(platform, "/")
-	if osName == "windows" || osName == "darwin" {
-		return fmt.Sprintf("berth cannot yet create per-task users on %s hosts, and it never hands out a host's own key; ask the platform team to serve %s another way.", platform, platform)
-	}
-	return ""
 }
 
 // NewKey makes a build user's key pair: the OpenSSH private key and the authorized_keys line.

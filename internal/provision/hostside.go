@@ -15,17 +15,21 @@ type Hostops struct {
 
 // CreateUser creates the job's user with its public key.
 func (h Hostops) CreateUser(ctx context.Context, t remote.Target, job Job) (string, error) {
-	return hostops.CreateUser(ctx, t, hostops.NewUser{Name: job.User, AuthorizedKey: job.AuthorizedKey,
+	return hostops.CreateUserOn(ctx, t, job.Login.Platform, hostops.NewUser{Name: job.User, AuthorizedKey: job.AuthorizedKey,
 		Owner: job.Owner, SudoCommands: job.SudoCommands})
 }
 
 // RemoveUser removes a build user; one already gone is success.
-func (h Hostops) RemoveUser(ctx context.Context, t remote.Target, _ string, user string) error {
-	return hostops.Clean(ctx, t, user)
+func (h Hostops) RemoveUser(ctx context.Context, t remote.Target, platform string, user string) error {
+	return hostops.CleanOn(ctx, t, platform, user)
 }
 
 // Check reports whether the host is reachable and has disk to spare.
-func (h Hostops) Check(ctx context.Context, t remote.Target) Health {
+func (h Hostops) Check(ctx context.Context, t remote.Target, platform string) Health {
+	if hostops.OS(platform) == "windows" {
+		healthy, reason := hostops.CheckWindows(ctx, t, h.MinFreeBytes)
+		return Health{Healthy: healthy, Reason: reason}
+	}
 	rep := hostops.Update(ctx, hostops.UpdateRequest{Target: t, MinFreeBytes: h.MinFreeBytes})
 	return Health{Healthy: rep.Healthy, Reason: rep.Reason}
 }

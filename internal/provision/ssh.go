@@ -15,7 +15,7 @@ import (
 type HostSide interface {
 	CreateUser(ctx context.Context, t remote.Target, job Job) (userDir string, err error)
 	RemoveUser(ctx context.Context, t remote.Target, platform, user string) error
-	Check(ctx context.Context, t remote.Target) Health
+	Check(ctx context.Context, t remote.Target, platform string) Health
 }
 
 // SSH provisions from the controller's own process over SSH: admin keys are read on demand
@@ -90,7 +90,7 @@ func (s *SSH) Check(ctx context.Context, login berthv1.HostLogin) Health {
 	if err != nil {
 		return Health{Reason: err.Error()}
 	}
-	return s.Host.Check(ctx, t)
+	return s.Host.Check(ctx, t, login.Platform)
 }
 
 // Forget drops the outcomes of job id.

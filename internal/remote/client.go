@@ -50,6 +50,13 @@ func (e *UnreachableError) Error() string {
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
+// NeverReached tells whether err says a host was never logged in to (unreachable, or its key
+// refused): then nothing can have happened on it.
+func NeverReached(err error) bool {
+	var unreachable *UnreachableError
+	return errors.As(err, &unreachable) || IsHostKeyChanged(err)
+}
+
 // Client is an SSH connection to one host.
 type Client struct {
 	conn   *ssh.Client

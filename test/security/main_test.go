@@ -9,7 +9,6 @@ package security_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strings"
@@ -21,76 +20,27 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
-	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 var stack *devstack.Stack
 
 const (
-	platform     = "linux/s390x"
-	hostCount    = 3
-	runScriptKey = "berth.test/run-script"
-	patience     = 90 * time.Second
+	platform  = "linux/s390x"
+	hostCount = 3
 )
 
 func TestMain(m *testing.M) {
-	if err := sshhosts.Prerequisites(); err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintln(os.Stderr, "FAIL:", err)
-			os.Exit(1)
-		}
-		fmt.Fprintln(os.Stderr, "skipping the security suite:", err)
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "berth-security-")
-	if err != nil {
-		panic(err)
-	}
-	os.Exit(run(m, dir))
-}
-
-func run(m *testing.M, dir string) int {
-	defer os.RemoveAll(dir)
-	var err error
-	stack, err = devstack.Up(context.Background(), devstack.Options{
-		StateDir: dir,
-		Hosts:    hostCount,
-		HostStep: func(ctx context.Context, args []string) error {
-			cmd := cli.NewRootCommand()
-			cmd.SetArgs(append(args, "--dial-timeout=3s"))
-			cmd.SetOut(io.Discard)
-			cmd.SetErr(io.Discard)
-			return cmd.ExecuteContext(ctx)
-		},
-		RunScripts: func(tr *pipelinev1.TaskRun) bool { return tr.Labels[runScriptKey] == "true" },
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: bringing up the stack:", err)
-		return 1
-	}
-	defer func() {
-		if err := stack.Down(); err != nil {
-			fmt.Fprintln(os.Stderr, "tearing the stack down:", err)
-		}
-	}()
-	o := controller.DefaultOptions()
-	o.MetricsAddress, o.HealthProbeAddress = "0", "0"
-	o.HostCheckInterval, o.FailedTaskRetention, o.WaitTimeout = 0, 0, 0
+	o := stacktest.Options()
 	o.MirrorRevertInterval = 2 * time.Second
-	if err := stack.StartController(o); err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: starting the controller:", err)
-		return 1
-	}
-	return m.Run()
+	os.Exit(stacktest.Main(m, &stack, hostCount, o))
 }
 
 // admin observes: the test's own eyes, never the attacker's hands.
@@ -164,14 +114,9 @@ func (tn *tenant) create(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskR
 	return tr
 }
 
-// get reads a TaskRun as it is now.
 func get(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	t.Helper()
-	var now pipelinev1.TaskRun
-	if err := admin().Get(context.Background(), client.ObjectKeyFromObject(tr), &now); err != nil {
-		t.Fatal(err)
-	}
-	return &now
+	return stacktest.Get(t, admin(), tr)
 }
 
 // relabel is the tenant editing its own TaskRun's labels.
@@ -190,46 +135,22 @@ func (tn *tenant) relabel(t *testing.T, tr *pipelinev1.TaskRun, edit func(map[st
 
 func eventually(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, patience, true, func(context.Context) (bool, error) {
-		ok, err := cond()
-		last = err
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("never: %s (last error: %v)", what, last)
-	}
+	stacktest.Eventually(t, what, cond)
 }
 
-// secretOf waits for the task's secret and returns it.
 func secretOf(t *testing.T, tr *pipelinev1.TaskRun) *corev1.Secret {
 	t.Helper()
-	var s corev1.Secret
-	eventually(t, "the secret of "+tr.Name+" exists", func() (bool, error) {
-		err := admin().Get(context.Background(), client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
-		return err == nil, client.IgnoreNotFound(err)
-	})
-	return &s
+	return stacktest.SecretOf(t, admin(), tr)
 }
 
-// record is berth's Allocation of a TaskRun.
 func record(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
 	t.Helper()
-	var rec berthv1.Allocation
-	if err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec); err != nil {
-		t.Fatalf("the record of %s: %v", tr.Name, err)
-	}
-	return &rec
+	return stacktest.Record(t, admin(), tr)
 }
 
 func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) *berthv1.Allocation {
 	t.Helper()
-	var rec berthv1.Allocation
-	eventually(t, tr.Name+" is "+string(phase), func() (bool, error) {
-		err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
-		return err == nil && rec.Status.Phase == phase, client.IgnoreNotFound(err)
-	})
-	return &rec
+	return stacktest.PhaseIs(t, admin(), tr, phase)
 }
 
 func finish(t *testing.T, tr *pipelinev1.TaskRun) {

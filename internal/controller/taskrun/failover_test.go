@@ -158,5 +158,6 @@ func TestChangedHostKeyIsReportedOnTheTask(t *testing.T) {
 		return false, nil
 	})
 	finish(t, tr)
+	// berth never logged in to the impostor, so it owes it no clean: the task settles.
 	settled(t, ns)
 }

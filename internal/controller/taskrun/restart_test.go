@@ -17,25 +17,18 @@ import (
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
-// recordOf reads the Allocation of a TaskRun (named by its UID).
+// recordOf reads the Allocation of a TaskRun.
 func recordOf(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
 	t.Helper()
-	var rec berthv1.Allocation
-	if err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec); err != nil {
-		t.Fatalf("the record of %s: %v", tr.Name, err)
-	}
-	return &rec
+	return stacktest.Record(t, c(), tr)
 }
 
 func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) {
 	t.Helper()
-	eventually(t, tr.Name+" is "+string(phase), func() (bool, error) {
-		var rec berthv1.Allocation
-		err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
-		return err == nil && rec.Status.Phase == phase, client.IgnoreNotFound(err)
-	})
+	stacktest.PhaseIs(t, c(), tr, phase)
 }
 
 // hostOf finds the test host a record's login names.

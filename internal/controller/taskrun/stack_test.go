@@ -3,27 +3,21 @@ package taskrun_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
-	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // The package's tests share one stack: a real control plane with berth's RBAC and Tasks, three
@@ -32,78 +26,14 @@ import (
 var stack *devstack.Stack
 
 const (
-	platform      = "linux/s390x"
-	runScriptKey  = "berth.test/run-script"
-	stackHosts    = 3
-	hostTimeout   = "--dial-timeout=3s"
-	eventuallyFor = 90 * time.Second
+	platform     = "linux/s390x"
+	runScriptKey = stacktest.RunScriptKey
+	stackHosts   = 3
 )
 
-func TestMain(m *testing.M) {
-	if err := sshhosts.Prerequisites(); err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintln(os.Stderr, "FAIL:", err)
-			os.Exit(1)
-		}
-		fmt.Fprintln(os.Stderr, "skipping the controller tests:", err)
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "berth-controller-test-")
-	if err != nil {
-		panic(err)
-	}
-	// BERTH_TEST_LOG=<file> keeps the controller's log of a run, to read after a failure.
-	if path := os.Getenv("BERTH_TEST_LOG"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			panic(err)
-		}
-		defer f.Close()
-		ctrl.SetLogger(zap.New(zap.WriteTo(f), zap.UseDevMode(true)))
-	}
-	os.Exit(runWithStack(m, dir))
-}
+func TestMain(m *testing.M) { os.Exit(stacktest.Main(m, &stack, stackHosts, controllerOptions())) }
 
-// runWithStack returns instead of exiting, so the state directory is removed in every case.
-func runWithStack(m *testing.M, dir string) int {
-	defer os.RemoveAll(dir)
-	var err error
-	stack, err = devstack.Up(context.Background(), devstack.Options{
-		StateDir: dir,
-		Hosts:    stackHosts,
-		HostStep: func(ctx context.Context, args []string) error {
-			cmd := cli.NewRootCommand()
-			cmd.SetArgs(append(args, hostTimeout))
-			cmd.SetOut(io.Discard)
-			cmd.SetErr(io.Discard)
-			return cmd.ExecuteContext(ctx)
-		},
-		RunScripts: func(tr *pipelinev1.TaskRun) bool { return tr.Labels[runScriptKey] == "true" },
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: bringing up the stack:", err)
-		return 1
-	}
-	code := 1
-	if err := startController(controllerOptions()); err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: starting the controller:", err)
-	} else {
-		code = m.Run()
-	}
-	if err := stack.Down(); err != nil {
-		fmt.Fprintln(os.Stderr, "tearing the stack down:", err)
-	}
-	return code
-}
-
-func controllerOptions() controller.Options {
-	o := controller.DefaultOptions()
-	o.MetricsAddress, o.HealthProbeAddress = "0", "0"
-	o.HostCheckInterval = 0
-	o.FailedTaskRetention = 0
-	o.WaitTimeout = 0
-	return o
-}
+func controllerOptions() controller.Options { return stacktest.Options() }
 
 func startController(o controller.Options) error { return stack.StartController(o) }
 
@@ -189,34 +119,17 @@ func create(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 
 func eventually(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, eventuallyFor, true, func(context.Context) (bool, error) {
-		ok, err := cond()
-		last = err
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("never: %s (last error: %v)", what, last)
-	}
+	stacktest.Eventually(t, what, cond)
 }
 
 func secretOf(t *testing.T, tr *pipelinev1.TaskRun) *corev1.Secret {
 	t.Helper()
-	var s corev1.Secret
-	eventually(t, "the secret of "+tr.Name+" exists", func() (bool, error) {
-		err := c().Get(context.Background(), client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
-		return err == nil, client.IgnoreNotFound(err)
-	})
-	return &s
+	return stacktest.SecretOf(t, c(), tr)
 }
 
 func get(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	t.Helper()
-	var got pipelinev1.TaskRun
-	if err := c().Get(context.Background(), client.ObjectKeyFromObject(tr), &got); err != nil {
-		t.Fatal(err)
-	}
-	return &got
+	return stacktest.Get(t, c(), tr)
 }
 
 // settled waits until berth has nothing left to do for the namespace: no finalizers or
@@ -268,12 +181,12 @@ func settled(t *testing.T, ns string) {
 func noBuildUsersLeft(t *testing.T) {
 	t.Helper()
 	for _, h := range stack.Fleet.Hosts {
-		out, err := h.Run(context.Background(), "getent passwd | cut -d: -f1 | grep '^u-' || true")
+		users, err := h.BuildUsers(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.TrimSpace(out) != "" {
-			t.Errorf("host %s still has build users: %s", h.Name, strings.Fields(out))
+		if len(users) > 0 {
+			t.Errorf("host %s still has build users: %s", h.Name, users)
 		}
 	}
 }

@@ -86,9 +86,6 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 	case strategy == config.StrategyLocal:
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	case strategy == config.StrategyStatic:
-		if why := hostops.Unsupported(platform); why != "" {
-			return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", why)
-		}
 		return r.reserve(ctx, tr, r.newRecord(tr, strategy))
 	}
 	return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", fmt.Sprintf(
@@ -149,7 +146,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.Phase = berthv1.PhaseProvisioning
 	next.Status.Login = &login
 	next.Status.Attempt++
-	next.Status.BuildUser = hostops.UserName(string(tr.UID), next.Status.Attempt)
+	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.UserDir, next.Status.Message = "", ""
 	next.Status.ReservedAt = r.stamp()
 	if err := r.save(ctx, next); err != nil {
@@ -252,7 +249,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		return reconcile.Result{}, err
 	}
 	next.Status.Attempt++
-	next.Status.BuildUser = hostops.UserName(string(tr.UID), next.Status.Attempt)
+	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.Message = why
 	if err := r.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
@@ -274,8 +271,13 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 	if errors.Is(cause, hostops.ErrUserExists) {
 		why = "a user named " + rec.Status.BuildUser + " already exists there, so berth will not touch it"
 	}
+	// A host berth never logged in to has no user to remove; any other failure may have left
+	// a half-made one, which is owed a clean and keeps its slot until then.
+	owed := !remote.NeverReached(cause)
 	next := rec.DeepCopy()
-	next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
+	if owed {
+		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
+	}
 	if !slices.Contains(next.Status.FailedHosts, login.Host) {
 		next.Status.FailedHosts = append(next.Status.FailedHosts, login.Host)
 	}
@@ -283,7 +285,11 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 	if err := r.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.Ledger.Transfer(taskOf(tr), debtTask(next, rec.Status.BuildUser))
+	if owed {
+		r.Ledger.Transfer(taskOf(tr), debtTask(next, rec.Status.BuildUser))
+	} else {
+		r.wake(r.Ledger.Release(taskOf(tr)))
+	}
 	reason := "ProvisioningFailed"
 	if remote.IsHostKeyChanged(cause) {
 		reason = "HostKeyChanged" // a replaced host, or someone in the middle: people must look

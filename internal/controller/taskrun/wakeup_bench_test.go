@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // BenchmarkWakeUp measures how long a freed slot stays empty while a task waits for it: from the
@@ -126,7 +127,7 @@ func secretExists(tr *pipelinev1.TaskRun) bool {
 }
 
 func eventuallyB(b *testing.B, cond func() bool) {
-	deadline := time.Now().Add(eventuallyFor)
+	deadline := time.Now().Add(stacktest.Patience)
 	for !cond() {
 		if time.Now().After(deadline) {
 			b.Fatal("timed out")

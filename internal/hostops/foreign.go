@@ -1,0 +1,287 @@
+package hostops
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode/utf16"
+
+	"github.com/berth-ci/berth/internal/remote"
+)
+
+// Per-task users on Windows (OpenSSH for Windows, an Administrators account as admin user) and
+// macOS (root or passwordless sudo). The rules are Linux's: the user is created, never
+// repaired; the record names it first; nothing the admin writes goes through a path the build
+// user could have planted; the host only receives the public key.
+
+// OS is the operating system part of a platform ("linux/s390x" → "linux").
+func OS(platform string) string {
+	os, _, _ := strings.Cut(platform, "/")
+	return os
+}
+
+// windowsUserRE: Windows limits local account names to 20 characters, so Windows build users
+// carry 12 hex digits of the TaskRun's UID: UIDs are random, and a collision would need two
+// live tasks on one host sharing 48 random bits; the create-only rule turns even that into a
+// failed attempt, never a shared user.
+var windowsUserRE = regexp.MustCompile(`^u-[0-9a-f]{12}-[0-9]{1,4}$`)
+
+// UserNameFor is the build user of one attempt at a TaskRun on a host of platform: UserName,
+// shortened to what Windows allows on windows/*.
+func UserNameFor(platform, uid string, attempt int) string {
+	name := UserName(uid, attempt)
+	if OS(platform) == "windows" {
+		return name[:14] + name[strings.LastIndex(name, "-"):]
+	}
+	return name
+}
+
+// CreateUserOn creates the user on a host of platform, with the OS's own tools.
+func CreateUserOn(ctx context.Context, t remote.Target, platform string, u NewUser) (string, error) {
+	switch OS(platform) {
+	case "windows":
+		return createWindowsUser(ctx, t, u)
+	case "darwin":
+		return createDarwinUser(ctx, t, u)
+	}
+	return CreateUser(ctx, t, u)
+}
+
+// CleanOn removes a build user from a host of platform; a user already gone is success.
+func CleanOn(ctx context.Context, t remote.Target, platform, user string) error {
+	switch OS(platform) {
+	case "windows":
+		return removeWindowsUser(ctx, t, user)
+	case "darwin":
+		return removeDarwinUser(ctx, t, user)
+	}
+	return Clean(ctx, t, user)
+}
+
+// run dials and runs one command line.
+func run(ctx context.Context, t remote.Target, what, line string, stdin []byte) ([]byte, error) {
+	client, err := remote.Dial(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	return client.Run(ctx, what, line, stdin)
+}
+
+// userExists maps the scripts' exit status 17 to ErrUserExists.
+func userExists(t remote.Target, user string, err error) error {
+	var remoteErr *remote.RemoteError
+	if errors.As(err, &remoteErr) && remoteErr.ExitCode == exitUserExists {
+		return fmt.Errorf("on host %s, %s: %w", t.Address, user, ErrUserExists)
+	}
+	return err
+}
+
+// --- Windows ---
+
+// powershell is the command line that runs script in Windows PowerShell without any shell
+// parsing its text: -EncodedCommand takes it as base64 of UTF-16LE, whatever the admin
+// account's default shell (cmd.exe or PowerShell) is.
+func powershell(script string) string {
+	units := utf16.Encode([]rune(script))
+	raw := make([]byte, 2*len(units))
+	for i, u := range units {
+		raw[2*i], raw[2*i+1] = byte(u), byte(u>>8)
+	}
+	return "powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand " + base64.StdEncoding.EncodeToString(raw)
+}
+
+// psQuote is a PowerShell single-quoted literal: nothing inside is expanded, and a quote is
+// doubled. Values are also checked before they get here.
+func psQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// windowsPrelude stops at the first error; every script starts with it.
+const windowsPrelude = "$ErrorActionPreference = 'Stop'\n$ProgressPreference = 'SilentlyContinue'\n"
+
+// windowsKeyDir is where a Windows build user's key lives: under ProgramData\ssh, which only
+// SYSTEM and Administrators may write, so sshd reads a file the build user cannot replace or
+// redirect. The host's sshd_config must point non-admin users there.
+const windowsKeyDir = `$env:ProgramData\ssh\berth`
+
+// windowsSSHDLine is the line the host admin adds to sshd_config (in a Match block for u-*).
+const windowsSSHDLine = "AuthorizedKeysFile __PROGRAMDATA__/ssh/berth/%u/authorized_keys"
+
+func createWindowsUser(ctx context.Context, t remote.Target, u NewUser) (string, error) {
+	if !windowsUserRE.MatchString(u.Name) {
+		return "", fmt.Errorf("%q is not a berth build user name for Windows", truncate(u.Name))
+	}
+	if len(u.SudoCommands) > 0 {
+		return "", fmt.Errorf("sudo-commands cannot be granted on Windows hosts; remove them from the platform's config")
+	}
+	authorized, err := u.checkInputs()
+	if err != nil {
+		return "", err
+	}
+	script := windowsPrelude + fmt.Sprintf(`$u = %s
+$key = %s
+$owner = %s
+if (Get-LocalUser -Name $u -ErrorAction SilentlyContinue) { [Console]::Error.WriteLine("build user $u exists already; berth never reuses a build user"); exit 17 }
+$build = Join-Path $env:SystemDrive "berth\$u"
+$keys = Join-Path "%s" $u
+if ((Test-Path -LiteralPath $build) -or (Test-Path -LiteralPath $keys)) { [Console]::Error.WriteLine("the directories of $u exist already"); exit 17 }
+$cfg = Join-Path $env:ProgramData 'ssh\sshd_config'
+if (-not (Select-String -LiteralPath $cfg -SimpleMatch -Quiet -Pattern %s)) {
+  [Console]::Error.WriteLine("sshd_config of this host does not read build users' keys from ProgramData: add 'Match User u-*' followed by '  %s' to $cfg and restart sshd")
+  exit 3
+}
+$bytes = New-Object byte[] 24
+[Security.Cryptography.RandomNumberGenerator]::Create().GetBytes($bytes)
+$password = ConvertTo-SecureString ([Convert]::ToBase64String($bytes) + 'aA1!') -AsPlainText -Force
+New-LocalUser -Name $u -Password $password -PasswordNeverExpires -UserMayNotChangePassword -AccountNeverExpires -Description ('berth build user ' + $owner) | Out-Null
+New-Item -ItemType Directory -Path $keys | Out-Null
+Set-Content -LiteralPath (Join-Path $keys 'authorized_keys') -Value $key -Encoding ascii
+& icacls.exe $keys /inheritance:r /grant:r 'SYSTEM:(OI)(CI)F' 'Administrators:(OI)(CI)F' ($u + ':(OI)(CI)R') | Out-Null
+if ($LASTEXITCODE -ne 0) { throw "icacls on $keys failed" }
+New-Item -ItemType Directory -Path $build | Out-Null
+& icacls.exe $build /inheritance:r /grant:r 'SYSTEM:(OI)(CI)F' 'Administrators:(OI)(CI)F' ($u + ':(OI)(CI)F') | Out-Null
+if ($LASTEXITCODE -ne 0) { throw "icacls on $build failed" }
+Write-Output $build
+`, psQuote(u.Name), psQuote(strings.TrimSpace(string(authorized))), psQuote(u.Owner), windowsKeyDir, psQuote(windowsSSHDLine), windowsSSHDLine)
+	out, err := run(ctx, t, "creating build user "+u.Name, powershell(script), nil)
+	if err != nil {
+		return "", userExists(t, u.Name, err)
+	}
+	dir := strings.TrimSpace(string(out))
+	if !strings.Contains(dir, `\berth\`+u.Name) {
+		return "", fmt.Errorf("on host %s, creating build user %s printed no build directory: %q", t.Address, u.Name, truncate(dir))
+	}
+	return dir, nil
+}
+
+func removeWindowsUser(ctx context.Context, t remote.Target, user string) error {
+	if !windowsUserRE.MatchString(user) {
+		return fmt.Errorf("%q is not a berth build user name for Windows; refusing to remove it", truncate(user))
+	}
+	// rmdir /s removes a junction the build user planted, not what it points to (Remove-Item
+	// -Recurse of Windows PowerShell 5.1 may follow it).
+	script := windowsPrelude + fmt.Sprintf(`$u = %s
+Get-CimInstance Win32_Process | ForEach-Object {
+  $o = Invoke-CimMethod -InputObject $_ -MethodName GetOwner -ErrorAction SilentlyContinue
+  if ($o.User -eq $u) { Stop-Process -Id $_.ProcessId -Force -ErrorAction SilentlyContinue }
+}
+$account = Get-LocalUser -Name $u -ErrorAction SilentlyContinue
+if ($account) {
+  $sid = $account.SID.Value
+  Remove-LocalUser -Name $u
+  Get-CimInstance Win32_UserProfile | Where-Object { $_.SID -eq $sid } | Remove-CimInstance
+}
+foreach ($dir in @((Join-Path $env:SystemDrive "berth\$u"), (Join-Path "%s" $u))) {
+  if (Test-Path -LiteralPath $dir) { & cmd.exe /d /c rmdir /s /q $dir }
+  if (Test-Path -LiteralPath $dir) { throw "could not remove $dir" }
+}
+`, psQuote(user), windowsKeyDir)
+	_, err := run(ctx, t, "removing build user "+user, powershell(script), nil)
+	return err
+}
+
+// CheckWindows reports whether a Windows host answers and has minFree bytes free on its
+// system drive, where build directories live.
+func CheckWindows(ctx context.Context, t remote.Target, minFree uint64) (bool, string) {
+	out, err := run(ctx, t, "checking the host", powershell(windowsPrelude+
+		"$d = Get-PSDrive -Name $env:SystemDrive.TrimEnd(':')\nWrite-Output (\"free {0}\" -f $d.Free)\n"), nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	var free uint64
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "free %d", &free); err != nil {
+		return false, fmt.Sprintf("host %s answered the disk check with %q", t.Address, truncate(string(out)))
+	}
+	if free < minFree {
+		return false, fmt.Sprintf("%.1f GiB free on the system drive of host %s, %.1f GiB required", float64(free)/(1<<30), t.Address, float64(minFree)/(1<<30))
+	}
+	return true, ""
+}
+
+// --- macOS ---
+
+// darwinCreateScript creates build user $1 (which must not exist) with the key on stdin, as
+// provisionScript does on Linux, with macOS's tools. It prints the home.
+//
+//	$1 user  $2 sudo commands ("" for none)  $3 owner
+const darwinCreateScript = `set -eu
+user=$1 sudo_cmds=$2 owner=$3
+case "$user" in u-*) ;; *) echo "refusing to provision $user: not a berth build user" >&2; exit 2 ;; esac
+home=/Users/$user
+if dscl . -read "/Users/$user" >/dev/null 2>&1 || [ -e "$home" ] || [ -L "$home" ]; then
+	echo "build user $user or its home exists already; berth never reuses a build user" >&2
+	exit 17
+fi
+umask 077
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -n "$sudo_cmds" ]; then
+	printf '%s ALL=(root) NOPASSWD: %s\n' "$user" "$sudo_cmds" > "$work/sudoers"
+	if ! visudo -cqf "$work/sudoers" >&2; then echo "visudo rejected the sudo rule for $user" >&2; exit 3; fi
+fi
+sysadminctl -addUser "$user" -fullName "berth build user" -home "$home" -shell /bin/zsh -password "$(openssl rand -hex 24)" >&2
+dseditgroup -o edit -a "$user" -t user com.apple.access_ssh >/dev/null 2>&1 || true
+[ -d "$home" ] || mkdir -m 700 "$home"
+chmod 700 "$home"
+mkdir -m 700 "$home/.ssh" "$home/build"
+cat > "$home/.ssh/authorized_keys"
+chmod 600 "$home/.ssh/authorized_keys"
+mkdir -p /var/db/berth/users
+printf '%s\n' "$owner" > "/var/db/berth/users/$user"
+if [ -n "$sudo_cmds" ]; then
+	mkdir -p /etc/sudoers.d
+	cp "$work/sudoers" "/etc/sudoers.d/.berth-$user.new"
+	chmod 440 "/etc/sudoers.d/.berth-$user.new"
+	mv -f "/etc/sudoers.d/.berth-$user.new" "/etc/sudoers.d/berth-$user"
+fi
+chown -h "$user:staff" "$home/.ssh/authorized_keys" "$home/.ssh" "$home/build" "$home"
+printf '%s\n' "$home"
+`
+
+// darwinRemoveScript removes build user $1; a user already gone is success.
+const darwinRemoveScript = `set -u
+user=$1
+case "$user" in u-*) ;; *) echo "refusing to remove $user: not a berth build user" >&2; exit 2 ;; esac
+rm -f "/etc/sudoers.d/berth-$user" "/etc/sudoers.d/.berth-$user.new"
+i=0
+while pkill -KILL -u "$user" 2>/dev/null && [ $i -lt 50 ]; do i=$((i+1)); sleep 0.1; done
+if dscl . -read "/Users/$user" >/dev/null 2>&1; then
+	sysadminctl -deleteUser "$user" >&2 || { echo "could not remove user $user" >&2; exit 1; }
+fi
+rm -rf -- "/Users/$user"
+rm -f "/var/db/berth/users/$user"
+`
+
+func createDarwinUser(ctx context.Context, t remote.Target, u NewUser) (string, error) {
+	authorized, err := u.check()
+	if err != nil {
+		return "", err
+	}
+	line, err := asRoot(t, darwinCreateScript, u.Name, strings.Join(u.SudoCommands, ", "), u.Owner)
+	if err != nil {
+		return "", err
+	}
+	out, err := run(ctx, t, "creating build user "+u.Name, line, authorized)
+	if err != nil {
+		return "", userExists(t, u.Name, err)
+	}
+	home := strings.TrimSpace(string(out))
+	if !strings.HasPrefix(home, "/") {
+		return "", fmt.Errorf("on host %s, creating build user %s printed no home directory: %q", t.Address, u.Name, truncate(home))
+	}
+	return home + "/build", nil
+}
+
+func removeDarwinUser(ctx context.Context, t remote.Target, user string) error {
+	if !userNameRE.MatchString(user) {
+		return fmt.Errorf("%q is not a berth build user name; refusing to remove it", truncate(user))
+	}
+	line, err := asRoot(t, darwinRemoveScript, user)
+	if err != nil {
+		return err
+	}
+	_, err = run(ctx, t, "removing build user "+user, line, nil)
+	return err
+}

@@ -1,0 +1,195 @@
+// Package stacktest runs a test package against the whole test ground: a real control plane
+// with berth's CRDs, RBAC and Tasks, real sshd hosts, the Tekton stand-in running berth's own
+// host steps, and berth's controller under its shipped ServiceAccount. The controller tests and
+// the attack suite share it.
+package stacktest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/cli"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller"
+	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/sshhosts"
+)
+
+// RunScriptKey is the label of a test TaskRun whose step script the stand-in runs.
+const RunScriptKey = "berth.test/run-script"
+
+// Patience bounds every wait for the controller.
+const Patience = 90 * time.Second
+
+// Main brings the stack up with hosts SSH hosts and a controller started with options, runs
+// the tests, and tears it all down; it returns the exit code. Without root or the host tools
+// it skips the package, except in CI, where it fails. BERTH_TEST_LOG=<file> keeps the
+// controller's log.
+func Main(m *testing.M, stack **devstack.Stack, hosts int, options controller.Options) int {
+	if err := sshhosts.Prerequisites(); err != nil {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "skipping: the stack needs", err)
+		return 0
+	}
+	if path := os.Getenv("BERTH_TEST_LOG"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			return 1
+		}
+		defer f.Close()
+		ctrl.SetLogger(zap.New(zap.WriteTo(f), zap.UseDevMode(true)))
+	}
+	dir, err := os.MkdirTemp("", "berth-stack-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	s, err := devstack.Up(context.Background(), devstack.Options{
+		StateDir: dir,
+		Hosts:    hosts,
+		HostStep: func(ctx context.Context, args []string) error {
+			cmd := cli.NewRootCommand()
+			cmd.SetArgs(append(args, "--dial-timeout=3s"))
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			return cmd.ExecuteContext(ctx)
+		},
+		RunScripts: func(tr *pipelinev1.TaskRun) bool { return tr.Labels[RunScriptKey] == "true" },
+	})
+	*stack = s
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: bringing up the stack:", err)
+		if s != nil {
+			_ = s.Down()
+		}
+		return 1
+	}
+	defer func() {
+		if err := s.Down(); err != nil {
+			fmt.Fprintln(os.Stderr, "tearing the stack down:", err)
+		}
+	}()
+	if err := s.StartController(options); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: starting the controller:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// Options are the controller's defaults for tests: no listeners, no periodic host checks, no
+// wait timeout, failed internal TaskRuns deleted at once.
+func Options() controller.Options {
+	o := controller.DefaultOptions()
+	o.MetricsAddress, o.HealthProbeAddress = "0", "0"
+	o.HostCheckInterval, o.FailedTaskRetention, o.WaitTimeout = 0, 0, 0
+	return o
+}
+
+// Eventually waits up to Patience for cond; the last error it returned is in the failure.
+func Eventually(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, Patience, true, func(context.Context) (bool, error) {
+		ok, err := cond()
+		last = err
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("never: %s (last error: %v)", what, last)
+	}
+}
+
+// AdminPublicKeys are the public halves of every private key kept in a namespace's Secrets:
+// what must never appear in a tenant's secret.
+func AdminPublicKeys(t *testing.T, c client.Reader, namespace string) [][]byte {
+	t.Helper()
+	var list corev1.SecretList
+	if err := c.List(context.Background(), &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	var keys [][]byte
+	for _, s := range list.Items {
+		for _, v := range s.Data {
+			if signer, err := ssh.ParsePrivateKey(v); err == nil {
+				keys = append(keys, signer.PublicKey().Marshal())
+			}
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatalf("no private key in namespace %s: a check for admin keys would prove nothing", namespace)
+	}
+	return keys
+}
+
+// SecretOf waits for the task's secret and returns it.
+func SecretOf(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun) *corev1.Secret {
+	t.Helper()
+	var s corev1.Secret
+	Eventually(t, "the secret of "+tr.Name+" exists", func() (bool, error) {
+		err := c.Get(context.Background(), client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
+		return err == nil, client.IgnoreNotFound(err)
+	})
+	return &s
+}
+
+// Get reads a TaskRun as it is now.
+func Get(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+	t.Helper()
+	var now pipelinev1.TaskRun
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(tr), &now); err != nil {
+		t.Fatal(err)
+	}
+	return &now
+}
+
+// Record reads berth's Allocation of a TaskRun (named by its UID, in berth's namespace).
+func Record(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	var rec berthv1.Allocation
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec); err != nil {
+		t.Fatalf("the record of %s: %v", tr.Name, err)
+	}
+	return &rec
+}
+
+// PhaseIs waits until the task's record is in phase and returns it.
+func PhaseIs(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun, phase berthv1.Phase) *berthv1.Allocation {
+	t.Helper()
+	var rec berthv1.Allocation
+	Eventually(t, tr.Name+" is "+string(phase), func() (bool, error) {
+		err := c.Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
+		return err == nil && rec.Status.Phase == phase, client.IgnoreNotFound(err)
+	})
+	return &rec
+}
+
+// ForgetHost runs `berth host forget` as an operator would: for a host berth can never clean
+// (a Windows or macOS platform pointed at a Linux test host), so its records can end.
+func ForgetHost(t *testing.T, s *devstack.Stack, host string) {
+	t.Helper()
+	cmd := cli.NewRootCommand()
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"host", "forget", host, "--yes", "--namespace", devstack.Namespace, "--kubeconfig", s.KubeConfigPath})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("berth host forget %s: %v", host, err)
+	}
+}
