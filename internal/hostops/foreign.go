@@ -98,7 +98,9 @@ func powershell(script string) string {
 // doubled. Values are also checked before they get here.
 func psQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// windowsPrelude stops at the first error; every script starts with it.
+// windowsPrelude stops at the first error; every script starts with it. Accounts in icacls
+// grants are named by SID (S-1-5-18 SYSTEM, S-1-5-32-544 Administrators): their names are
+// translated on non-English Windows.
 const windowsPrelude = "$ErrorActionPreference = 'Stop'\n$ProgressPreference = 'SilentlyContinue'\n"
 
 // windowsKeyDir is where a Windows build user's key lives: under ProgramData\ssh, which only
@@ -138,10 +140,10 @@ $password = ConvertTo-SecureString ([Convert]::ToBase64String($bytes) + 'aA1!') 
 New-LocalUser -Name $u -Password $password -PasswordNeverExpires -UserMayNotChangePassword -AccountNeverExpires -Description ('berth build user ' + $owner) | Out-Null
 New-Item -ItemType Directory -Path $keys | Out-Null
 Set-Content -LiteralPath (Join-Path $keys 'authorized_keys') -Value $key -Encoding ascii
-& icacls.exe $keys /inheritance:r /grant:r 'SYSTEM:(OI)(CI)F' 'Administrators:(OI)(CI)F' ($u + ':(OI)(CI)R') | Out-Null
+& icacls.exe $keys /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)R') | Out-Null
 if ($LASTEXITCODE -ne 0) { throw "icacls on $keys failed" }
 New-Item -ItemType Directory -Path $build | Out-Null
-& icacls.exe $build /inheritance:r /grant:r 'SYSTEM:(OI)(CI)F' 'Administrators:(OI)(CI)F' ($u + ':(OI)(CI)F') | Out-Null
+& icacls.exe $build /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)F') | Out-Null
 if ($LASTEXITCODE -ne 0) { throw "icacls on $build failed" }
 Write-Output $build
 `, psQuote(u.Name), psQuote(strings.TrimSpace(string(authorized))), psQuote(u.Owner), windowsKeyDir, psQuote(windowsSSHDLine), windowsSSHDLine)

@@ -77,6 +77,10 @@ func TestWindowsUserIsCreatedWithItsKeyWhereOnlyAdminsWrite(t *testing.T) {
 	if len(cmds) != 1 || len(cmds[0].Stdin) != 0 {
 		t.Fatalf("want one command with nothing on stdin, got %d", len(cmds))
 	}
+	// cmd.exe, the default shell of OpenSSH for Windows, refuses lines over 8191 characters.
+	if n := len(cmds[0].Line); n > 8191 {
+		t.Errorf("the command line is %d characters; cmd.exe takes at most 8191", n)
+	}
 	script := decodePowerShell(t, cmds[0].Line)
 	for _, want := range []string{
 		"$u = '" + user + "'",
@@ -85,7 +89,7 @@ func TestWindowsUserIsCreatedWithItsKeyWhereOnlyAdminsWrite(t *testing.T) {
 		"Get-LocalUser -Name $u", "exit 17",
 		`$env:ProgramData\ssh\berth`, "AuthorizedKeysFile __PROGRAMDATA__/ssh/berth/%u/authorized_keys",
 		"New-LocalUser -Name $u -Password $password",
-		"icacls.exe $keys /inheritance:r /grant:r 'SYSTEM:(OI)(CI)F' 'Administrators:(OI)(CI)F' ($u + ':(OI)(CI)R')",
+		"icacls.exe $keys /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)R')",
 		"icacls.exe $build /inheritance:r",
 	} {
 		if !strings.Contains(script, want) {
