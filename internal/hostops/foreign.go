@@ -216,13 +216,7 @@ if dscl . -read "/Users/$user" >/dev/null 2>&1 || [ -e "$home" ] || [ -L "$home"
 	echo "build user $user or its home exists already; berth never reuses a build user" >&2
 	exit 17
 fi
-umask 077
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-if [ -n "$sudo_cmds" ]; then
-	printf '%s ALL=(root) NOPASSWD: %s\n' "$user" "$sudo_cmds" > "$work/sudoers"
-	if ! visudo -cqf "$work/sudoers" >&2; then echo "visudo rejected the sudo rule for $user" >&2; exit 3; fi
-fi
+` + sudoRuleChecked + `
 sysadminctl -addUser "$user" -fullName "berth build user" -home "$home" -shell /bin/zsh -password "$(openssl rand -hex 24)" >&2
 dseditgroup -o edit -a "$user" -t user com.apple.access_ssh >/dev/null 2>&1 || true
 [ -d "$home" ] || mkdir -m 700 "$home"
@@ -232,12 +226,7 @@ cat > "$home/.ssh/authorized_keys"
 chmod 600 "$home/.ssh/authorized_keys"
 mkdir -p /var/db/berth/users
 printf '%s\n' "$owner" > "/var/db/berth/users/$user"
-if [ -n "$sudo_cmds" ]; then
-	mkdir -p /etc/sudoers.d
-	cp "$work/sudoers" "/etc/sudoers.d/.berth-$user.new"
-	chmod 440 "/etc/sudoers.d/.berth-$user.new"
-	mv -f "/etc/sudoers.d/.berth-$user.new" "/etc/sudoers.d/berth-$user"
-fi
+` + sudoRuleInstalled + `
 chown -h "$user:staff" "$home/.ssh/authorized_keys" "$home/.ssh" "$home/build" "$home"
 printf '%s\n' "$home"
 `

@@ -24,13 +24,7 @@ if getent passwd "$user" >/dev/null 2>&1 || [ -e "$home" ] || [ -L "$home" ]; th
 	echo "build user $user or its home exists already; berth never reuses a build user" >&2
 	exit 17
 fi
-umask 077
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-if [ -n "$sudo_cmds" ]; then
-	printf '%s ALL=(root) NOPASSWD: %s\n' "$user" "$sudo_cmds" > "$work/sudoers"
-	if ! visudo -cqf "$work/sudoers" >&2; then echo "visudo rejected the sudo rule for $user" >&2; exit 3; fi
-fi
+` + sudoRuleChecked + `
 mkdir -p /home
 useradd --no-create-home --home-dir "$home" --shell /bin/bash --comment "berth build user" "$user"
 # useradd locks the password (!); sshd without PAM refuses locked accounts even for keys.
@@ -45,19 +39,34 @@ mkdir -p /var/lib/berth/users /etc/security/limits.d
 printf '%s\n' "$owner" > "/var/lib/berth/users/$user"
 printf '%s hard nproc %s\n%s hard cpu %s\n' "$user" "$nproc" "$user" "$cpu" > "/etc/security/limits.d/berth-$user.conf"
 chmod 644 "/etc/security/limits.d/berth-$user.conf"
-if [ -n "$sudo_cmds" ]; then
-	mkdir -p /etc/sudoers.d
-	# A name with a dot is ignored by sudo until the rename makes the rule whole at once.
-	cp "$work/sudoers" "/etc/sudoers.d/.berth-$user.new"
-	chmod 440 "/etc/sudoers.d/.berth-$user.new"
-	mv -f "/etc/sudoers.d/.berth-$user.new" "/etc/sudoers.d/berth-$user"
-fi
+` + sudoRuleInstalled + `
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemctl set-property --runtime "user-$(id -u "$user").slice" "TasksMax=$nproc" >/dev/null 2>&1 || true
 fi
 chown -h "$user:$group" "$home/.ssh/authorized_keys" "$home/.ssh" "$home/build" "$home"
 printf '%s\n' "$home"
 `
+
+// sudoRuleChecked writes the sudo rule of $user for $sudo_cmds into a private temp dir $work
+// and has visudo check it, before anything else is made; sudoRuleInstalled puts it in force.
+const (
+	sudoRuleChecked = `umask 077
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -n "$sudo_cmds" ]; then
+	printf '%s ALL=(root) NOPASSWD: %s\n' "$user" "$sudo_cmds" > "$work/sudoers"
+	if ! visudo -cqf "$work/sudoers" >&2; then echo "visudo rejected the sudo rule for $user" >&2; exit 3; fi
+fi
+`
+	sudoRuleInstalled = `if [ -n "$sudo_cmds" ]; then
+	mkdir -p /etc/sudoers.d
+	# A name with a dot is ignored by sudo until the rename makes the rule whole at once.
+	cp "$work/sudoers" "/etc/sudoers.d/.berth-$user.new"
+	chmod 440 "/etc/sudoers.d/.berth-$user.new"
+	mv -f "/etc/sudoers.d/.berth-$user.new" "/etc/sudoers.d/berth-$user"
+fi
+`
+)
 
 // cleanScript removes build user $1: its processes, the user, its home, its sudo rule and
 // limits. A user already gone is success.
