@@ -172,7 +172,7 @@ var errStale = errors.New("cache behind berth's own write")
 // or an ended host job reaches its task. It never blocks and never drops a wake-up.
 func (r *Reconciler) wake(tasks []allocation.Task) {
 	for _, t := range tasks {
-		if t.Namespace == "" {
+		if strings.HasPrefix(t.Name, debtPrefix) {
 			continue // a cleanup debt; its record's TaskRun name is woken by its job
 		}
 		r.wakeKey(t.Namespace, t.Name)

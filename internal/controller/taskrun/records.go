@@ -74,11 +74,14 @@ func taskOfRecord(rec *berthv1.Allocation) allocation.Task {
 	return allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: rec.Spec.TaskRun.Name}
 }
 
-// debtTask is the ledger's name for a slot held by a cleanup berth still owes a host. Its empty
-// namespace keeps it apart from every TaskRun.
+// debtTask is the ledger's name for a slot held by a cleanup berth still owes a host. It is in
+// the TaskRun's namespace, so that it counts against max-tasks-per-namespace until the host is
+// clean; the "/" in its name keeps it apart from every TaskRun.
 func debtTask(rec *berthv1.Allocation, user string) allocation.Task {
-	return allocation.Task{Name: "debt/" + string(rec.Spec.TaskRun.UID) + "/" + user}
+	return allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: debtPrefix + string(rec.Spec.TaskRun.UID) + "/" + user}
 }
+
+const debtPrefix = "debt/"
 
 // job is the host work for one build user of the record.
 func job(rec *berthv1.Allocation, login berthv1.HostLogin, user string) provision.Job {
