@@ -87,6 +87,7 @@ func newTenant(t *testing.T, suffix string) *tenant {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, ns) })
 	return &tenant{ns: ns, c: c}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // secondNamespace makes another tenant namespace for a test.
@@ -19,6 +20,7 @@ func secondNamespace(t *testing.T, suffix string) string {
 	if err := stack.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, ns) })
 	return ns
 }
 

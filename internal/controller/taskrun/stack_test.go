@@ -83,6 +83,7 @@ func namespace(t *testing.T) string {
 	if err := stack.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, ns) })
 	return ns
 }
 

@@ -193,3 +193,20 @@ func ForgetHost(t *testing.T, s *devstack.Stack, host string) {
 		t.Fatalf("berth host forget %s: %v", host, err)
 	}
 }
+
+// FinishAllOnFailure ends every TaskRun of a failed test's namespace, so that the hosts it
+// held serve the tests after it instead of failing them too. Register it with t.Cleanup.
+func FinishAllOnFailure(t *testing.T, s *devstack.Stack, ns string) {
+	if !t.Failed() {
+		return
+	}
+	var list pipelinev1.TaskRunList
+	if err := s.ControlPlane.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		return
+	}
+	for i := range list.Items {
+		if tr := &list.Items[i]; !tr.IsDone() {
+			_ = s.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(tr), nil)
+		}
+	}
+}
