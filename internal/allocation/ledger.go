@@ -85,9 +85,8 @@ type Ledger struct {
 	mu      sync.Mutex
 	hosts   map[string]*hostState
 	holders map[Task]string
-	queues  map[string][]*waiter // platform → waiters, oldest first
-	// byNamespace holds the same waiters per platform and namespace, oldest first.
-	byNamespace map[string]map[string][]*waiter
+	// queues holds the waiters per platform and namespace, oldest first.
+	queues map[string]map[string][]*waiter
 	// caps bounds the tasks one namespace may hold per platform (absent: no bound).
 	caps map[string]int
 	// served remembers, per platform and namespace, when the namespace last got a slot (a
@@ -98,8 +97,8 @@ type Ledger struct {
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string][]*waiter{},
-		byNamespace: map[string]map[string][]*waiter{}, caps: map[string]int{}, served: map[string]map[string]uint64{}}
+	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string]map[string][]*waiter{},
+		caps: map[string]int{}, served: map[string]map[string]uint64{}}
 }
 
 // SetNamespaceCaps sets, per platform, how many tasks one namespace may hold at once (0 or
@@ -113,6 +112,11 @@ func (l *Ledger) SetNamespaceCaps(caps map[string]int) []Task {
 			l.caps[p] = n
 		}
 	}
+	return l.runnableEverywhere()
+}
+
+// runnableEverywhere returns the waiters of every platform that free slots would serve now.
+func (l *Ledger) runnableEverywhere() []Task {
 	var wake []Task
 	for platform := range l.queues {
 		wake = append(wake, l.runnable(platform)...)
@@ -143,11 +147,7 @@ func (l *Ledger) SetHosts(hosts []Host) []Task {
 			}
 		}
 	}
-	var wake []Task
-	for platform := range l.queues {
-		wake = append(wake, l.runnable(platform)...)
-	}
-	return wake
+	return l.runnableEverywhere()
 }
 
 // Restore records that task holds host, as its TaskRun's labels say. It is how a restarted
@@ -274,8 +274,10 @@ func (l *Ledger) Waiting() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[string]int{}
-	for p, q := range l.queues {
-		out[p] = len(q)
+	for p, byNS := range l.queues {
+		for _, q := range byNS {
+			out[p] += len(q)
+		}
 	}
 	return out
 }
@@ -305,7 +307,12 @@ func (l *Ledger) reserve(task Task, host string) {
 }
 
 func (l *Ledger) enqueue(req Request) {
-	q := l.queues[req.Platform]
+	byNS := l.queues[req.Platform]
+	if byNS == nil {
+		byNS = map[string][]*waiter{}
+		l.queues[req.Platform] = byNS
+	}
+	q := byNS[req.Task.Namespace]
 	for _, w := range q {
 		if w.task == req.Task {
 			w.exclude = slices.Clone(req.Exclude)
@@ -313,17 +320,8 @@ func (l *Ledger) enqueue(req Request) {
 		}
 	}
 	w := &waiter{task: req.Task, created: req.Created, exclude: slices.Clone(req.Exclude)}
-	l.queues[req.Platform] = insertInOrder(q, w)
-	if l.byNamespace[req.Platform] == nil {
-		l.byNamespace[req.Platform] = map[string][]*waiter{}
-	}
-	ns := l.byNamespace[req.Platform]
-	ns[req.Task.Namespace] = insertInOrder(ns[req.Task.Namespace], w)
-}
-
-func insertInOrder(q []*waiter, w *waiter) []*waiter {
 	i := sort.Search(len(q), func(i int) bool { return older(w, q[i]) })
-	return slices.Insert(q, i, w)
+	byNS[req.Task.Namespace] = slices.Insert(q, i, w)
 }
 
 // older orders waiters by creation, then by name, so ties are broken the same way every time.
@@ -335,24 +333,20 @@ func older(a, b *waiter) bool {
 }
 
 func (l *Ledger) remove(platform string, task Task) bool {
-	q := l.queues[platform]
+	byNS := l.queues[platform]
+	q := byNS[task.Namespace]
 	i := slices.IndexFunc(q, func(w *waiter) bool { return w.task == task })
 	if i < 0 {
 		return false
 	}
-	l.queues[platform] = slices.Delete(q, i, i+1)
-	if len(l.queues[platform]) == 0 {
+	q = slices.Delete(q, i, i+1)
+	if len(q) > 0 {
+		byNS[task.Namespace] = q
+		return true
+	}
+	delete(byNS, task.Namespace)
+	if len(byNS) == 0 {
 		delete(l.queues, platform)
-	}
-	ns := l.byNamespace[platform]
-	mine := ns[task.Namespace]
-	if j := slices.IndexFunc(mine, func(w *waiter) bool { return w.task == task }); j >= 0 {
-		mine = slices.Delete(mine, j, j+1)
-	}
-	if len(mine) == 0 {
-		delete(ns, task.Namespace)
-	} else {
-		ns[task.Namespace] = mine
 	}
 	return true
 }
@@ -394,7 +388,7 @@ func (l *Ledger) plan(platform string) []promise {
 			}
 		}
 	}
-	byNS := l.byNamespace[platform]
+	byNS := l.queues[platform]
 	namespaces := l.turnOrder(platform)
 	var out []promise
 	for round := 0; total > 0; round++ {
@@ -428,7 +422,7 @@ func (l *Ledger) plan(platform string) []promise {
 // turnOrder lists the namespaces waiting on a platform in the order their turns come: the one
 // served least recently first (never served before all others), ties by the oldest waiter.
 func (l *Ledger) turnOrder(platform string) []string {
-	byNS := l.byNamespace[platform]
+	byNS := l.queues[platform]
 	namespaces := make([]string, 0, len(byNS))
 	for ns := range byNS {
 		namespaces = append(namespaces, ns)
@@ -446,7 +440,7 @@ func (l *Ledger) turnOrder(platform string) []string {
 
 // position is the task's place in the serving order of its platform's waiters (1 = next).
 func (l *Ledger) position(platform string, task Task) int {
-	byNS := l.byNamespace[platform]
+	byNS := l.queues[platform]
 	mine := byNS[task.Namespace]
 	depth := slices.IndexFunc(mine, func(w *waiter) bool { return w.task == task })
 	if depth < 0 {
