@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/provision"
 )
 
 // HostChecks checks every static host each Interval through the provisioner and keeps its
@@ -61,35 +63,39 @@ func (h *HostChecks) checkAll(ctx context.Context) error {
 	if timeout <= 0 {
 		timeout = time.Minute
 	}
+	// The checks run in parallel; their outcomes are recorded afterwards, against one reading
+	// of what is owed to each host.
+	healths := make([]provision.Health, len(cfg.Hosts))
 	var wg sync.WaitGroup
-	errs := make(chan error, len(cfg.Hosts))
 	slots := make(chan struct{}, 8)
-	for _, host := range cfg.Hosts {
+	for i, host := range cfg.Hosts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			slots <- struct{}{}
 			defer func() { <-slots }()
 			cctx, cancel := context.WithTimeout(ctx, timeout)
-			health := r.Provisioner.Check(cctx, loginOf(host))
+			healths[i] = r.Provisioner.Check(cctx, loginOf(host))
 			cancel()
-			if err := r.recordHealth(ctx, host, health.Healthy, health.Reason); err != nil {
-				errs <- fmt.Errorf("host %s: %w", host.Name, err)
-			}
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	return <-errs
-}
-
-// recordHealth writes a check's outcome into the host's record and the ledger.
-func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string) error {
-	bh, err := r.buildHost(ctx, host)
+	owed, err := r.owedByHost(ctx)
 	if err != nil {
 		return err
 	}
-	owed, err := r.owedTo(ctx, host.Name)
+	var errs []error
+	for i, host := range cfg.Hosts {
+		if err := r.recordHealth(ctx, host, healths[i].Healthy, healths[i].Reason, owed[host.Name]); err != nil {
+			errs = append(errs, fmt.Errorf("host %s: %w", host.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// recordHealth writes a check's outcome into the host's record and the ledger.
+func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string, owed []string) error {
+	bh, err := r.buildHost(ctx, host)
 	if err != nil {
 		return err
 	}
@@ -147,21 +153,19 @@ func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why stri
 	r.syncHost(&bh)
 }
 
-// owedTo lists the TaskRun keys (namespace/name) of records owing the host a cleanup.
-func (r *Reconciler) owedTo(ctx context.Context, host string) ([]string, error) {
+// owedByHost lists, per host, the TaskRun keys (namespace/name) of records owing it a cleanup.
+func (r *Reconciler) owedByHost(ctx context.Context) (map[string][]string, error) {
 	var list berthv1.AllocationList
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return nil, err
 	}
-	var keys []string
+	owed := map[string][]string{}
 	for _, rec := range list.Items {
 		for _, d := range rec.Status.Debts {
-			if d.Host == host {
-				keys = append(keys, rec.Spec.TaskRun.Key())
-			}
+			owed[d.Host] = append(owed[d.Host], rec.Spec.TaskRun.Key())
 		}
 	}
-	return keys, nil
+	return owed, nil
 }
 
 // buildHost reads the host's record, creating it on first sight.
@@ -224,32 +228,18 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 	for i := range list.Items {
 		rec := &list.Items[i]
 		var dropped []berthv1.Debt
-		next := rec.DeepCopy()
-		next.Status.Debts = next.Status.Debts[:0]
 		for _, d := range rec.Status.Debts {
 			if d.Host == bh.Spec.HostName {
 				dropped = append(dropped, d)
-			} else {
-				next.Status.Debts = append(next.Status.Debts, d)
 			}
 		}
 		if len(dropped) == 0 {
 			continue
 		}
-		var err error
-		if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
-			err = r.drop(ctx, rec)
-		} else {
-			err = r.save(ctx, next)
-		}
-		if err != nil {
+		if err := r.settleDebts(ctx, rec, rec.DeepCopy(), dropped); err != nil {
 			return err
 		}
 		for _, d := range dropped {
-			r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
-			if d.HoldsSlot {
-				r.wake(r.Ledger.Release(debtTask(rec, d.BuildUser)))
-			}
 			r.Recorder.Eventf(bh, nil, corev1.EventTypeWarning, "DebtForgotten", "Forget",
 				"build user %s of %s is no longer removed from host %s: the host was forgotten; if it comes back, remove the user by hand", d.BuildUser, rec.Spec.TaskRun.Key(), d.Host)
 		}

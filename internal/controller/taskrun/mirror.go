@@ -28,7 +28,7 @@ type mirrorState struct {
 	failed    string // failed-hosts, comma list
 }
 
-func mirrorOf(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) mirrorState {
+func mirrorOf(rec *berthv1.Allocation) mirrorState {
 	if rec == nil {
 		return mirrorState{ended: true}
 	}
@@ -80,7 +80,7 @@ func setOrDelete(m map[string]string, key, value string) {
 // berth itself last wrote, a tenant edited them: the edit is reverted, at most once per
 // MirrorRevertInterval per TaskRun and with an Event, and changes nothing else.
 func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
-	want := mirrorOf(tr, rec)
+	want := mirrorOf(rec)
 	last, wrote := r.mirrors.Load(tr.UID)
 	if wrote && last.(mirrorState) == want {
 		probe := tr.DeepCopy()

@@ -139,7 +139,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		results.add(r.reconcileUser(ctx, tr, own))
 	} else if len(records) == 0 {
 		// Gone without a record: it may still sit in a queue rebuilt before it went.
-		r.wake(r.Ledger.Release(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
+		results.add(reconcile.Result{}, r.releaseUnrecorded(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
 	}
 	return results.result()
 }

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -32,7 +33,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	}
 	if rec == nil {
 		secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
-		if err != nil || (secret != nil && ownedBy(secret, tr)) {
+		if err != nil || (secret != nil && ownedBy(secret, tr.UID)) {
 			return reconcile.Result{}, err // answered already: local or an error
 		}
 		return r.admit(ctx, tr)
@@ -269,7 +270,7 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 	login := *rec.Status.Login
 	why := cause.Error()
 	if errors.Is(cause, hostops.ErrUserExists) {
-		why = "a user named " + rec.Status.BuildUser + " already exists there, so berth will not touch it"
+		why = "a user named " + rec.Status.BuildUser + " already exists there (left by an attempt cut short); berth never reuses a build user: it is removed, and the task tries again under a new name"
 	}
 	// A host berth never logged in to has no user to remove; any other failure may have left
 	// a half-made one, which is owed a clean and keeps its slot until then.
@@ -370,7 +371,11 @@ func (r *Reconciler) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 // with it) before the finalizer goes, so a dead host never blocks the TaskRun's deletion, and
 // the slot is freed only once the user is gone.
 func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
-	if rec != nil {
+	if rec == nil {
+		if err := r.releaseUnrecorded(taskOf(tr)); err != nil {
+			return reconcile.Result{}, err
+		}
+	} else {
 		var err error
 		if rec, err = r.endRecord(ctx, rec); err != nil {
 			return reconcile.Result{}, err
@@ -383,14 +388,26 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		return reconcile.Result{}, err
 	}
 	r.mirrors.Delete(tr.UID)
+	r.reverted.Delete(tr.UID)
 	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReadyAt != nil {
 		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
 	}
-	r.wake(r.Ledger.Release(taskOf(tr)))
 	if rec == nil {
 		return reconcile.Result{}, nil
 	}
 	return r.payDebts(ctx, rec)
+}
+
+// releaseUnrecorded takes a task the cache shows no record of out of the ledger's queues. A
+// task holding a slot always has a record (it is written as soon as the slot is taken), so a
+// held one means the cache is behind berth's own write: freeing its slot now would hand it to
+// a second task while the first one's build user may be on the host.
+func (r *Reconciler) releaseUnrecorded(task allocation.Task) error {
+	if _, held := r.Ledger.Holder(task); held {
+		return errStale
+	}
+	r.wake(r.Ledger.Release(task))
+	return nil
 }
 
 // endRecord turns an ended task's hold into a debt of the record.
@@ -460,9 +477,6 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 		return reconcile.Result{}, nil
 	}
 	next := rec.DeepCopy()
-	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
-		return slices.ContainsFunc(paid, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
-	})
 	var retry time.Duration
 	if failed != nil {
 		next.Status.CleanFailures++
@@ -471,20 +485,8 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	} else {
 		next.Status.CleanFailures = 0
 	}
-	var err error
-	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
-		err = r.drop(ctx, rec)
-	} else {
-		err = r.save(ctx, next)
-	}
-	if err != nil {
+	if err := r.settleDebts(ctx, rec, next, paid); err != nil {
 		return reconcile.Result{}, err
-	}
-	for _, d := range paid {
-		r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
-		if d.HoldsSlot {
-			r.wake(r.Ledger.Release(debtTask(rec, d.BuildUser)))
-		}
 	}
 	if failed != nil {
 		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
@@ -494,6 +496,31 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 		}
 	}
 	return reconcile.Result{RequeueAfter: retry}, nil
+}
+
+// settleDebts records that the debts in settled are no longer owed (paid, or forgotten): next,
+// rec's update, is written without them, or the record goes when its task has ended and it owes
+// nothing more. Then their jobs are forgotten and the slots they held freed.
+func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocation, settled []berthv1.Debt) error {
+	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
+		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
+	})
+	var err error
+	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
+		err = r.drop(ctx, rec)
+	} else {
+		err = r.save(ctx, next)
+	}
+	if err != nil {
+		return err
+	}
+	for _, d := range settled {
+		r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
+		if d.HoldsSlot {
+			r.wake(r.Ledger.Release(debtTask(rec, d.BuildUser)))
+		}
+	}
+	return nil
 }
 
 // cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to five minutes.
@@ -527,7 +554,7 @@ func (r *Reconciler) writeSecret(ctx context.Context, tr *pipelinev1.TaskRun, s 
 		}
 		return err
 	}
-	if !ownedBy(&existing, tr) {
+	if !ownedBy(&existing, tr.UID) {
 		r.event(tr, corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
 		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
 	}
@@ -539,25 +566,21 @@ func (r *Reconciler) writeSecret(ctx context.Context, tr *pipelinev1.TaskRun, s 
 
 // deleteSecret removes the task's secret if berth wrote it for that TaskRun; any other secret
 // of the name is not berth's to delete.
-func (r *Reconciler) deleteSecret(ctx context.Context, namespace, name string, uid any) error {
+func (r *Reconciler) deleteSecret(ctx context.Context, namespace, name string, uid types.UID) error {
 	s, err := r.secretOf(ctx, namespace, name)
-	if err != nil || s == nil {
+	if err != nil || s == nil || !ownedBy(s, uid) {
 		return err
 	}
-	for _, o := range s.OwnerReferences {
-		if string(o.UID) == fmt.Sprint(uid) && o.Kind == "TaskRun" && s.Labels[contract.SecretLabel] == "true" {
-			return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
-		}
-	}
-	return nil
+	return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
 }
 
-func ownedBy(s *corev1.Secret, tr *pipelinev1.TaskRun) bool {
+// ownedBy tells a secret berth wrote for the TaskRun with this UID: its label and its owner.
+func ownedBy(s *corev1.Secret, uid types.UID) bool {
 	if s.Labels[contract.SecretLabel] != "true" {
 		return false
 	}
 	for _, o := range s.OwnerReferences {
-		if o.UID == tr.UID && o.Kind == "TaskRun" {
+		if o.UID == uid && o.Kind == "TaskRun" {
 			return true
 		}
 	}
