@@ -120,7 +120,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 			hostKeysOf(hostkeys.Store{Client: uncached, Namespace: o.Namespace}),
 			o.SSHWorkers, reconciler.Notify)
 	case "taskrun":
-		reconciler.Provisioner = &provision.TaskRuns{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace,
+		reconciler.Provisioner = &provision.TaskRuns{Client: mgr.GetClient(), Namespace: o.Namespace,
 			ProvisionTask: o.ProvisionTask, CleanTask: o.CleanTask, UpdateTask: o.UpdateTask, ServiceAccount: o.TaskServiceAccount}
 	default:
 		return nil, fmt.Errorf("--provisioner=%q: want ssh or taskrun", o.Provisioner)

@@ -3,7 +3,6 @@ package hostops
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -61,23 +60,13 @@ func CleanOn(ctx context.Context, t remote.Target, platform, user string) error 
 	return Clean(ctx, t, user)
 }
 
-// run dials and runs one command line.
-func run(ctx context.Context, t remote.Target, what, line string, stdin []byte) ([]byte, error) {
-	client, err := remote.Dial(ctx, t)
-	if err != nil {
-		return nil, err
+// CheckOn tells whether a host of platform answers and has minFree bytes free for builds.
+func CheckOn(ctx context.Context, t remote.Target, platform string, minFree uint64) (healthy bool, reason string) {
+	if OS(platform) == "windows" {
+		return CheckWindows(ctx, t, minFree)
 	}
-	defer client.Close()
-	return client.Run(ctx, what, line, stdin)
-}
-
-// userExists maps the scripts' exit status 17 to ErrUserExists.
-func userExists(t remote.Target, user string, err error) error {
-	var remoteErr *remote.RemoteError
-	if errors.As(err, &remoteErr) && remoteErr.ExitCode == exitUserExists {
-		return fmt.Errorf("on host %s, %s: %w", t.Address, user, ErrUserExists)
-	}
-	return err
+	rep := Update(ctx, UpdateRequest{Target: t, MinFreeBytes: minFree})
+	return rep.Healthy, rep.Reason
 }
 
 // --- Windows ---
@@ -250,19 +239,7 @@ func createDarwinUser(ctx context.Context, t remote.Target, u NewUser) (string, 
 	if err != nil {
 		return "", err
 	}
-	line, err := asRoot(t, darwinCreateScript, u.Name, strings.Join(u.SudoCommands, ", "), u.Owner)
-	if err != nil {
-		return "", err
-	}
-	out, err := run(ctx, t, "creating build user "+u.Name, line, authorized)
-	if err != nil {
-		return "", userExists(t, u.Name, err)
-	}
-	home := strings.TrimSpace(string(out))
-	if !strings.HasPrefix(home, "/") {
-		return "", fmt.Errorf("on host %s, creating build user %s printed no home directory: %q", t.Address, u.Name, truncate(home))
-	}
-	return home + "/build", nil
+	return createAsRoot(ctx, t, u.Name, authorized, darwinCreateScript, u.Name, strings.Join(u.SudoCommands, ", "), u.Owner)
 }
 
 func removeDarwinUser(ctx context.Context, t remote.Target, user string) error {

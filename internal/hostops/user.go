@@ -88,27 +88,48 @@ func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error)
 	if limits == (Limits{}) {
 		limits = DefaultLimits
 	}
-	line, err := asRoot(t, provisionScript, u.Name, fmt.Sprint(limits.Processes), fmt.Sprint(limits.CPUMinutes),
+	return createAsRoot(ctx, t, u.Name, authorized, provisionScript, u.Name, fmt.Sprint(limits.Processes), fmt.Sprint(limits.CPUMinutes),
 		strings.Join(u.SudoCommands, ", "), u.Owner)
+}
+
+// createAsRoot runs a create script as root with the key on stdin; the script prints the new
+// user's home, or exits 17 when the user exists already.
+func createAsRoot(ctx context.Context, t remote.Target, user string, authorized []byte, script string, args ...string) (string, error) {
+	line, err := asRoot(t, script, args...)
 	if err != nil {
 		return "", err
 	}
+	out, err := run(ctx, t, "creating build user "+user, line, authorized)
+	if err != nil {
+		return "", userExists(t, user, err)
+	}
+	return buildDir(t, user, out)
+}
+
+// run dials and runs one command line.
+func run(ctx context.Context, t remote.Target, what, line string, stdin []byte) ([]byte, error) {
 	client, err := remote.Dial(ctx, t)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer client.Close()
-	out, err := client.Run(ctx, "creating build user "+u.Name, line, authorized)
+	return client.Run(ctx, what, line, stdin)
+}
+
+// userExists maps the scripts' exit status 17 to ErrUserExists.
+func userExists(t remote.Target, user string, err error) error {
 	var remoteErr *remote.RemoteError
 	if errors.As(err, &remoteErr) && remoteErr.ExitCode == exitUserExists {
-		return "", fmt.Errorf("on host %s, %s: %w", t.Address, u.Name, ErrUserExists)
+		return fmt.Errorf("on host %s, %s: %w", t.Address, user, ErrUserExists)
 	}
-	if err != nil {
-		return "", err
-	}
+	return err
+}
+
+// buildDir is the build directory of a user whose creation printed its home.
+func buildDir(t remote.Target, user string, out []byte) (string, error) {
 	home := strings.TrimSpace(string(out))
 	if !strings.HasPrefix(home, "/") {
-		return "", fmt.Errorf("on host %s, creating build user %s printed no home directory: %q", t.Address, u.Name, home)
+		return "", fmt.Errorf("on host %s, creating build user %s printed no home directory: %q", t.Address, user, truncate(home))
 	}
 	return home + "/build", nil
 }

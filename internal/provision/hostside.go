@@ -26,10 +26,6 @@ func (h Hostops) RemoveUser(ctx context.Context, t remote.Target, platform strin
 
 // Check reports whether the host is reachable and has disk to spare.
 func (h Hostops) Check(ctx context.Context, t remote.Target, platform string) Health {
-	if hostops.OS(platform) == "windows" {
-		healthy, reason := hostops.CheckWindows(ctx, t, h.MinFreeBytes)
-		return Health{Healthy: healthy, Reason: reason}
-	}
-	rep := hostops.Update(ctx, hostops.UpdateRequest{Target: t, MinFreeBytes: h.MinFreeBytes})
-	return Health{Healthy: rep.Healthy, Reason: rep.Reason}
+	healthy, reason := hostops.CheckOn(ctx, t, platform, h.MinFreeBytes)
+	return Health{Healthy: healthy, Reason: reason}
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // jobs runs host work on a bounded pool, once per job key, and keeps each outcome until it is
-// forgotten. Both provisioners share it.
+// forgotten. The SSH provisioner does its host work on it.
 type jobs struct {
 	mu     sync.Mutex
 	byKey  map[string]*job
@@ -82,17 +82,4 @@ func (j *jobs) forget(key string) {
 			existing.forgotten = true
 		}
 	}
-}
-
-// running counts jobs not yet ended.
-func (j *jobs) running() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	n := 0
-	for _, existing := range j.byKey {
-		if !existing.outcome.Done {
-			n++
-		}
-	}
-	return n
 }

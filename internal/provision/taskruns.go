@@ -24,17 +24,16 @@ import (
 // (a Secret volume the kubelet mounts); the step gets only the public key of the task and
 // writes no Secret: the controller writes the tenant's secret itself.
 type TaskRuns struct {
-	Client    client.Client // cached TaskRuns suffice: the watch on them brings the news
-	APIReader client.Reader
+	// Client reads internal TaskRuns from the cache (they keep their status and results
+	// there): the watch on them brings the news, and waiting costs the apiserver nothing.
+	Client    client.Client
 	Namespace string
 	// Tasks run by the internal TaskRuns, and the ServiceAccount they run as.
 	ProvisionTask, CleanTask, UpdateTask, ServiceAccount string
 }
 
-// Task types of internal TaskRuns, as the contract names them.
-const (
-	resultUserDir = "user-dir"
-)
+// resultUserDir is the provision Task's result naming the new user's build directory.
+const resultUserDir = "user-dir"
 
 func internalName(kind, id string) string {
 	sum := sha256.Sum256([]byte(id))
@@ -152,7 +151,7 @@ func (p *TaskRuns) Check(ctx context.Context, login berthv1.HostLogin) Health {
 	defer p.delete(context.WithoutCancel(ctx), tr.Name)
 	var got pipelinev1.TaskRun
 	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if err := p.APIReader.Get(ctx, client.ObjectKeyFromObject(tr), &got); err != nil {
+		if err := p.Client.Get(ctx, client.ObjectKeyFromObject(tr), &got); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
 		return got.IsDone(), nil
