@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -16,138 +15,120 @@ import (
 // The operator's verbs on a host. They only edit the host's BuildHost record: the controller
 // carries them out, so they work the same whichever provisioner mode runs.
 
-type hostAdminFlags struct{ namespace, kubeconfig string }
+// hostEdit changes a BuildHost record and says what it did.
+type hostEdit func(ctx context.Context, c client.Client, bh *berthv1.BuildHost) (string, error)
 
-func (f *hostAdminFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&f.namespace, "namespace", "n", defaultNamespace(), "the controller's namespace")
-	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
-}
-
-func newHostDrainCommand() *cobra.Command {
-	var f hostAdminFlags
+// newHostEditCommand is `berth host <use> HOST`; confirm, if set, names a flag that must be
+// given before anything is changed.
+func newHostEditCommand(use, short, long, confirm string, edit hostEdit) *cobra.Command {
+	var namespace, kubeconfig string
+	var confirmed bool
 	cmd := &cobra.Command{
-		Use:   "drain HOST",
-		Short: "Give the host no new task; tasks on it finish and are cleaned as usual",
+		Use:   use + " HOST",
+		Short: short,
+		Long:  long,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return editBuildHost(cmd.Context(), f, args[0], cmd.OutOrStdout(), func(bh *berthv1.BuildHost) string {
-				bh.Spec.Drained = true
-				return "drained: it takes no new task"
-			})
-		},
-	}
-	f.register(cmd)
-	return cmd
-}
-
-func newHostUndrainCommand() *cobra.Command {
-	var f hostAdminFlags
-	cmd := &cobra.Command{
-		Use:   "undrain HOST",
-		Short: "Let a drained host take tasks again",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return editBuildHost(cmd.Context(), f, args[0], cmd.OutOrStdout(), func(bh *berthv1.BuildHost) string {
-				bh.Spec.Drained = false
-				if bh.Status.Quarantined {
-					return "undrained; it stays quarantined until a health check passes: " + bh.Status.QuarantineReason
-				}
-				return "undrained: it takes tasks again"
-			})
-		},
-	}
-	f.register(cmd)
-	return cmd
-}
-
-func newHostForgetCommand() *cobra.Command {
-	var f hostAdminFlags
-	var yes bool
-	cmd := &cobra.Command{
-		Use:   "forget HOST",
-		Short: "Drop every build user still owed a cleanup on a host that is gone for good, and drain it",
-		Long: `forget is for a host that will not come back. berth stops retrying the cleanups it owes
-the host, frees their slots and leaves the host drained. If the host does come back, the build
-users named in the warning are still on it: remove them by hand.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if !yes {
-				return fmt.Errorf("forget drops cleanups berth still owes host %s; say --yes to do it", args[0])
+			if confirm != "" && !confirmed {
+				return fmt.Errorf("%s %s: say --%s to do it", use, args[0], confirm)
 			}
-			owed, err := owedUsers(cmd.Context(), f, args[0])
+			c, err := kubeClient(kubeconfig)
 			if err != nil {
 				return err
 			}
-			return editBuildHost(cmd.Context(), f, args[0], cmd.OutOrStdout(), func(bh *berthv1.BuildHost) string {
-				bh.Spec.Forget = true
-				if len(owed) > 0 {
-					return fmt.Sprintf("to be forgotten: WARNING: %d build user(s) will never be removed from it by berth; if the host comes back, remove them by hand: %s",
-						len(owed), strings.Join(owed, ", "))
-				}
-				return "to be forgotten: it owed no cleanup"
-			})
+			bh, created, err := buildHostRecord(cmd.Context(), c, namespace, args[0])
+			if err != nil {
+				return err
+			}
+			patch := client.MergeFrom(bh.DeepCopy())
+			what, err := edit(cmd.Context(), c, bh)
+			if err != nil {
+				return err
+			}
+			if created {
+				err = c.Create(cmd.Context(), bh)
+				what += fmt.Sprintf(" (berth had not checked it yet; if no platform of the config lists %q, this does nothing)", bh.Spec.HostName)
+			} else {
+				err = c.Patch(cmd.Context(), bh, patch)
+			}
+			if err != nil {
+				return fmt.Errorf("writing BuildHost %s/%s: %w", namespace, bh.Name, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "host %s %s\n", bh.Spec.HostName, what)
+			return nil
 		},
 	}
-	f.register(cmd)
-	cmd.Flags().BoolVar(&yes, "yes", false, "confirm that the host's pending cleanups are to be dropped")
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", defaultNamespace(), "the controller's namespace")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
+	if confirm != "" {
+		cmd.Flags().BoolVar(&confirmed, confirm, false, "confirm that the host's pending cleanups are to be dropped")
+	}
 	return cmd
 }
 
-// owedUsers lists the build users whose cleanup berth still owes host, with their TaskRuns.
-func owedUsers(ctx context.Context, f hostAdminFlags, host string) ([]string, error) {
-	c, err := kubeClient(f.kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	var list berthv1.AllocationList
-	if err := c.List(ctx, &list, client.InNamespace(f.namespace)); err != nil {
-		return nil, fmt.Errorf("listing Allocations in %s: %w", f.namespace, err)
-	}
-	var owed []string
-	for _, rec := range list.Items {
-		for _, d := range rec.Status.Debts {
-			if d.Host == host || berthv1.BuildHostName(d.Host) == host {
-				owed = append(owed, d.BuildUser+" (of "+rec.Spec.TaskRun.Key()+")")
-			}
-		}
-	}
-	return owed, nil
+func newHostDrainCommand() *cobra.Command {
+	return newHostEditCommand("drain", "Give the host no new task; tasks on it finish and are cleaned as usual", "", "",
+		func(_ context.Context, _ client.Client, bh *berthv1.BuildHost) (string, error) {
+			bh.Spec.Drained = true
+			return "drained: it takes no new task", nil
+		})
 }
 
-// editBuildHost patches the record of host (its name in the config, or the record's name), or
-// creates it when berth has not recorded the host yet: berth fills in its status at the next
-// check.
-func editBuildHost(ctx context.Context, f hostAdminFlags, host string, out io.Writer, edit func(*berthv1.BuildHost) string) error {
-	c, err := kubeClient(f.kubeconfig)
-	if err != nil {
-		return err
-	}
+func newHostUndrainCommand() *cobra.Command {
+	return newHostEditCommand("undrain", "Let a drained host take tasks again", "", "",
+		func(_ context.Context, _ client.Client, bh *berthv1.BuildHost) (string, error) {
+			bh.Spec.Drained = false
+			if bh.Status.Quarantined {
+				return "undrained; it stays quarantined until a health check passes: " + bh.Status.QuarantineReason, nil
+			}
+			return "undrained: it takes tasks again", nil
+		})
+}
+
+func newHostForgetCommand() *cobra.Command {
+	return newHostEditCommand("forget",
+		"Drop every build user still owed a cleanup on a host that is gone for good, and drain it",
+		`forget is for a host that will not come back. berth stops retrying the cleanups it owes
+the host, frees their slots and leaves the host drained. If the host does come back, the build
+users named in the warning are still on it: remove them by hand.`, "yes",
+		func(ctx context.Context, c client.Client, bh *berthv1.BuildHost) (string, error) {
+			var records berthv1.AllocationList
+			if err := c.List(ctx, &records, client.InNamespace(bh.Namespace)); err != nil {
+				return "", fmt.Errorf("listing Allocations in %s: %w", bh.Namespace, err)
+			}
+			var owed []string
+			for _, rec := range records.Items {
+				for _, d := range rec.Status.Debts {
+					if d.Host == bh.Spec.HostName {
+						owed = append(owed, d.BuildUser+" (of "+rec.Spec.TaskRun.Key()+")")
+					}
+				}
+			}
+			bh.Spec.Forget = true
+			if len(owed) == 0 {
+				return "to be forgotten: it owed no cleanup", nil
+			}
+			return fmt.Sprintf("to be forgotten: WARNING: %d build user(s) will never be removed from it by berth; if the host comes back, remove them by hand: %s",
+				len(owed), strings.Join(owed, ", ")), nil
+		})
+}
+
+// buildHostRecord finds the record of host (its name in the config, or the record's name), or
+// makes a new one (created) when berth has not recorded the host yet: berth fills in its
+// status at the next check.
+func buildHostRecord(ctx context.Context, c client.Client, namespace, host string) (bh *berthv1.BuildHost, created bool, err error) {
 	var list berthv1.BuildHostList
-	if err := c.List(ctx, &list, client.InNamespace(f.namespace)); err != nil {
-		return fmt.Errorf("listing BuildHosts in %s: %w", f.namespace, err)
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, false, fmt.Errorf("listing BuildHosts in %s: %w", namespace, err)
 	}
 	for i := range list.Items {
-		bh := &list.Items[i]
-		if bh.Name != host && bh.Spec.HostName != host {
-			continue
+		if bh := &list.Items[i]; bh.Name == host || bh.Spec.HostName == host {
+			return bh, false, nil
 		}
-		patch := client.MergeFrom(bh.DeepCopy())
-		what := edit(bh)
-		if err := c.Patch(ctx, bh, patch); err != nil {
-			return fmt.Errorf("updating BuildHost %s/%s: %w", f.namespace, bh.Name, err)
-		}
-		fmt.Fprintf(out, "host %s %s\n", bh.Spec.HostName, what)
-		return nil
 	}
-	bh := &berthv1.BuildHost{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.namespace, Name: berthv1.BuildHostName(host),
+	return &berthv1.BuildHost{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: berthv1.BuildHostName(host),
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"}},
 		Spec: berthv1.BuildHostSpec{HostName: host},
-	}
-	what := edit(bh)
-	if err := c.Create(ctx, bh); err != nil {
-		return fmt.Errorf("recording host %s in %s: %w", host, f.namespace, err)
-	}
-	fmt.Fprintf(out, "host %s %s (berth had not checked it yet; if no platform of the config lists %q, this does nothing)\n", host, what, host)
-	return nil
+	}, true, nil
 }
