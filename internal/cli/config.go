@@ -3,10 +3,14 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -30,18 +34,29 @@ func newConfigCommand() *cobra.Command {
 }
 
 func newConfigValidateCommand() *cobra.Command {
-	var file, namespace, kubeconfig string
+	var (
+		file, namespace, kubeconfig string
+		asJSON, strict              bool
+	)
 	cmd := &cobra.Command{
 		Use:   "validate",
-		Short: "Check a host-config ConfigMap: every problem with its key; non-zero exit on errors",
-		Long: `validate checks the host-config ConfigMap the way the controller does before it puts a
-config in force, and prints every problem with the key it is about.
+		Short: "Check a host-config ConfigMap: which platforms berth can serve, and every problem with its key",
+		Long: `validate judges the host-config ConfigMap the way the controller does, platform by platform:
+a mistake makes only the platform (or static host) it touches unusable, and berth serves the
+rest. It prints a table of the platforms (strategy, capacity, usable, first problem), then
+every problem with the key it is about.
 
 With -f it reads a ConfigMap from a YAML file; without, it reads the live ConfigMap labelled
 ` + hostconfig.ConfigLabel + ` in --namespace through your kubeconfig, and also checks that
 the secrets the config names exist and hold the keys berth needs.
 
-It exits 1 when there are errors and 0 when there are only warnings.`,
+--json prints {"platforms": [{"platform", "strategy", "capacity", "usable", "problems":
+[{"key", "severity", "message"}]}], "problems": [...]} with the problems of the file as a
+whole at the top.
+
+It exits 0 when every listed platform is usable, and 1 when one is not, when a global setting
+cannot be used, or when the file is unusable as a whole. --strict also exits 1 on any error,
+such as a static host left out of a pool that other hosts still serve.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var (
@@ -72,38 +87,146 @@ It exits 1 when there are errors and 0 when there are only warnings.`,
 				extra = append(extra, config.Problem{Severity: config.Warning, Key: "metadata.labels",
 					Message: "no " + hostconfig.ConfigLabel + " label: the controller finds its config by this label and would not see this ConfigMap"})
 			}
-			cfg, problems := config.Parse(cm.Data)
-			if liveRead != nil && !problems.HasErrors() {
+			cfg, _ := config.Parse(cm.Data)
+			if liveRead != nil && len(cfg.Fatal()) == 0 {
 				extra = append(extra, hostconfig.MissingSecrets(ctx, liveRead, namespace, cfg)...)
 			}
-			return report(cmd.OutOrStdout(), source, append(problems, extra...))
+			v := judge(cfg, extra)
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(v.doc); err != nil {
+					return err
+				}
+			} else {
+				v.print(cmd.OutOrStdout(), source)
+			}
+			return v.exit(source, strict)
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "a YAML file holding the ConfigMap (default: the live one)")
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", defaultNamespace(), "the controller's namespace, for the live ConfigMap")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the verdict as JSON")
+	cmd.Flags().BoolVar(&strict, "strict", false, "exit 1 on any error, also one that leaves a usable platform's host out")
 	return cmd
 }
 
 var errInvalidConfig = errors.New("invalid config")
 
-func report(w io.Writer, source string, problems config.Problems) error {
+// verdict is what validate says of a config: the document --json prints, and the counts the
+// table's summary and the exit code come from.
+type verdict struct {
+	doc       validateDoc
+	all       config.Problems
+	unusable  int
+	fileError bool // the file as a whole, or a global key, is unusable
+}
+
+type validateDoc struct {
+	Platforms []platformDoc `json:"platforms"`
+	Problems  []problemDoc  `json:"problems"`
+}
+
+type platformDoc struct {
+	Platform string       `json:"platform"`
+	Strategy string       `json:"strategy"`
+	Capacity int          `json:"capacity"`
+	Usable   bool         `json:"usable"`
+	Problems []problemDoc `json:"problems"`
+}
+
+type problemDoc struct {
+	Key      string `json:"key"`
+	Severity string `json:"severity"`
+	Message  string `json:"message"`
+}
+
+func problemDocs(ps config.Problems) []problemDoc {
+	out := make([]problemDoc, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, problemDoc{Key: p.Key, Severity: string(p.Severity), Message: p.Message})
+	}
+	return out
+}
+
+// judge groups cfg's problems, and the extra ones found outside the data, by platform.
+func judge(cfg *config.Config, extra config.Problems) verdict {
+	all := append(append(config.Problems{}, cfg.Problems()...), extra...)
+	v := verdict{all: all, doc: validateDoc{Platforms: []platformDoc{}}}
+	byPlatform := map[config.Platform]config.Problems{}
+	var file config.Problems
+	for _, p := range all {
+		if p.Platform == "" {
+			file = append(file, p)
+		} else {
+			byPlatform[p.Platform] = append(byPlatform[p.Platform], p)
+		}
+	}
+	for _, r := range cfg.Report() {
+		if !r.Usable {
+			v.unusable++
+		}
+		v.doc.Platforms = append(v.doc.Platforms, platformDoc{Platform: string(r.Platform), Strategy: string(r.Strategy),
+			Capacity: r.Capacity, Usable: r.Usable, Problems: problemDocs(byPlatform[r.Platform])})
+	}
+	v.doc.Problems = problemDocs(file)
+	for _, p := range file.Errors() {
+		// a host whose platform cannot be told is left out like any other host
+		v.fileError = v.fileError || !strings.HasPrefix(p.Key, "host.")
+	}
+	return v
+}
+
+func (v verdict) print(w io.Writer, source string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PLATFORM\tSTRATEGY\tCAPACITY\tUSABLE\tFIRST PROBLEM")
+	for _, p := range v.doc.Platforms {
+		capacity, usable, first := strconv.Itoa(p.Capacity), "yes", "-"
+		if p.Strategy == string(config.StrategyLocal) {
+			capacity = "cluster"
+		}
+		if !p.Usable {
+			usable = "NO"
+		}
+		if len(p.Problems) > 0 {
+			first = p.Problems[0].Severity + ": " + p.Problems[0].Key + ": " + p.Problems[0].Message
+			if len(first) > 100 {
+				first = first[:97] + "..."
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Platform, p.Strategy, capacity, usable, first)
+	}
+	tw.Flush()
+	if len(v.all) > 0 {
+		fmt.Fprintln(w)
+	}
 	errs := 0
-	for _, p := range problems {
+	for _, p := range v.all {
 		fmt.Fprintln(w, p.String())
 		if p.Severity == config.Error {
 			errs++
 		}
 	}
-	warnings := len(problems) - errs
+	usable := len(v.doc.Platforms) - v.unusable
 	switch {
-	case errs > 0:
-		fmt.Fprintf(w, "%s: %d error(s), %d warning(s): the controller would keep its last good config\n", source, errs, warnings)
-		return fmt.Errorf("%w: %s has %d error(s)", errInvalidConfig, source, errs)
-	case warnings > 0:
-		fmt.Fprintf(w, "%s: valid, with %d warning(s)\n", source, warnings)
+	case v.unusable > 0 || v.fileError:
+		fmt.Fprintf(w, "%s: %d of %d platform(s) usable; %d error(s), %d warning(s)\n", source, usable, len(v.doc.Platforms), errs, len(v.all)-errs)
+	case len(v.all) > 0:
+		fmt.Fprintf(w, "%s: valid, every platform usable (%d), with %d error(s) and %d warning(s)\n", source, usable, errs, len(v.all)-errs)
 	default:
-		fmt.Fprintf(w, "%s: valid\n", source)
+		fmt.Fprintf(w, "%s: valid, every platform usable (%d)\n", source, usable)
+	}
+}
+
+func (v verdict) exit(source string, strict bool) error {
+	switch {
+	case v.fileError:
+		return fmt.Errorf("%w: %s: the file or a global setting cannot be used", errInvalidConfig, source)
+	case v.unusable > 0:
+		return fmt.Errorf("%w: %s: %d platform(s) unusable", errInvalidConfig, source, v.unusable)
+	case strict && v.all.HasErrors():
+		return fmt.Errorf("%w: %s: %d error(s) (--strict)", errInvalidConfig, source, len(v.all.Errors()))
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/realdata"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
@@ -48,7 +50,7 @@ func TestEverySampleIsValid(t *testing.T) {
 	}
 	for _, sample := range samples {
 		out, err := berth(t, "config", "validate", "-f", sample)
-		if err != nil || !strings.Contains(out, ": valid") {
+		if err != nil || !strings.Contains(out, ": valid, every platform usable") {
 			t.Errorf("%s: err=%v\n%s", filepath.Base(sample), err, out)
 		}
 	}
@@ -60,12 +62,14 @@ func TestBrokenFilePrintsEveryProblemAndFails(t *testing.T) {
 		t.Fatalf("want errInvalidConfig (non-zero exit), got %v\n%s", err, out)
 	}
 	for _, want := range []string{
+		"linux/arm64  local     cluster   NO      error: dynamic-platforms: linux/arm64 is also in local-platforms",
 		"error: dynamic-platforms: linux/arm64 is also in local-platforms",
-		"error: host.s390x-1.concurency: unknown key; berth would ignore it; did you mean concurrency?",
-		"error: host.s390x-1.user: missing",
+		"warning: host.s390x-1.concurency: unknown key; berth ignores it; did you mean concurrency?",
+		"error: host.s390x-1.user: missing; it is required: set it to the admin user berth logs in as to create build users; host s390x-1 is left out",
 		"error: dynamic.linux-arm64.type: unknown provider type \"asw\"",
 		"error: dynamic.linux-arm64.ssh-secret: missing",
 		"warning: host.s390x-1.concurrency: not set",
+		": 0 of 2 platform(s) usable;",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -77,7 +81,7 @@ func TestWarningsAloneExitZero(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cm.yaml")
 	os.WriteFile(path, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata:\n  local-platforms: local\n"), 0o600)
 	out, err := berth(t, "config", "validate", "-f", path)
-	if err != nil || !strings.Contains(out, "warning: metadata.labels") || !strings.Contains(out, "valid, with 1 warning") {
+	if err != nil || !strings.Contains(out, "warning: metadata.labels") || !strings.Contains(out, "valid, every platform usable (1), with 0 error(s) and 1 warning(s)") {
 		t.Fatalf("err=%v\n%s", err, out)
 	}
 }
@@ -112,12 +116,86 @@ func TestValidateLiveConfigChecksSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", ns)
-	if err != nil || !strings.Contains(out, "configmap live-validate/hosts: valid\n") {
+	if err != nil || !strings.Contains(out, "configmap live-validate/hosts: valid, every platform usable (1)\n") {
 		t.Fatalf("with the secret present: err=%v\n%s", err, out)
 	}
 
 	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", "empty-namespace")
 	if err == nil || !strings.Contains(err.Error(), "no ConfigMap in namespace empty-namespace carries the label") {
 		t.Fatalf("a namespace without config must fail clearly: err=%v\n%s", err, out)
+	}
+}
+
+// TestValidateEveryRealConfig runs `berth config validate --json` on every ConfigMap real
+// clusters run with: exit 0, but for the three that list a platform bare, which exit 1 with only
+// that platform unusable.
+func TestValidateEveryRealConfig(t *testing.T) {
+	files, err := realdata.HostConfigs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := map[string]string{
+		"production/production-downstream-kflux-rhel-p01.host-config.yaml": "linux-g6xlarge/amd64",
+		"production/production-downstream-pentest-p01.host-config.yaml":    "linux-g6xlarge/amd64",
+		"upstream-examples/deploy_overlays_dev-template_host-config.yaml":  "linux/s390x",
+	}
+	for _, f := range files {
+		t.Run(f.Name, func(t *testing.T) {
+			out, err := berth(t, "config", "validate", "-f", f.Path, "--json")
+			var doc validateDoc
+			if jerr := json.NewDecoder(strings.NewReader(out)).Decode(&doc); jerr != nil { // cobra appends the error
+				t.Fatalf("not JSON: %v\n%s", jerr, out)
+			}
+			var unusable []string
+			for _, p := range doc.Platforms {
+				if !p.Usable {
+					unusable = append(unusable, p.Platform)
+				}
+				if p.Strategy == "" || p.Problems == nil {
+					t.Errorf("platform entry without strategy or problems list: %+v", p)
+				}
+			}
+			want, isBare := bare[f.Name]
+			switch {
+			case isBare && (err == nil || strings.Join(unusable, ",") != want):
+				t.Errorf("want exit 1 with only %s unusable; err=%v, unusable %v", want, err, unusable)
+			case !isBare && (err != nil || len(unusable) != 0):
+				t.Errorf("want exit 0 with every platform usable; err=%v, unusable %v", err, unusable)
+			}
+			if len(doc.Platforms) == 0 || doc.Problems == nil {
+				t.Errorf("empty verdict: %s", out)
+			}
+			for _, p := range doc.Problems {
+				if p.Severity == "error" {
+					t.Errorf("a problem of the whole file: %+v", p)
+				}
+			}
+		})
+	}
+}
+
+func TestStrictFailsOnALeftOutHost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cm.yaml")
+	os.WriteFile(path, []byte(`apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, labels: {`+hostconfig.ConfigLabel+`: x}}
+data:
+  host.a.address: 198.18.1.2
+  host.a.user: root
+  host.a.platform: linux/s390x
+  host.a.secret: a-admin
+  host.a.concurrency: "2"
+  host.b.address: "198.18.1.3;reboot"
+  host.b.user: root
+  host.b.platform: linux/s390x
+  host.b.secret: a-admin
+  host.b.concurrency: "2"
+`), 0o600)
+	out, err := berth(t, "config", "validate", "-f", path)
+	if err != nil || !strings.Contains(out, "linux/s390x  static    2         yes") || !strings.Contains(out, "host b is left out") {
+		t.Fatalf("a pool that still serves exits 0 and names the left-out host: err=%v\n%s", err, out)
+	}
+	if out, err := berth(t, "config", "validate", "-f", path, "--strict"); !errors.Is(err, errInvalidConfig) {
+		t.Fatalf("--strict must fail on the left-out host: err=%v\n%s", err, out)
 	}
 }

@@ -39,10 +39,20 @@ type Config struct {
 	// every slot.
 	MaxTasksPerNamespace int
 
-	// broken holds, per platform, the errors in its settings. A config with errors never
-	// replaces a good one; this lets a controller that has no good config yet tell each task
-	// precisely why its platform cannot be served.
-	broken map[Platform][]Problem
+	// broken holds, per platform, the errors that make it unusable: its tasks get an error
+	// secret that names them, and on a reload the platform keeps its last good settings.
+	broken map[Platform]Problems
+	// leftOut holds, per host name, the errors that left a static host out of its pool.
+	leftOut map[string]Problems
+	// badGlobal names the global keys whose value could not be used.
+	badGlobal map[string]bool
+	// fatal are problems of the whole file: such a config is not used at all.
+	fatal Problems
+	// problems are all problems found, errors first.
+	problems Problems
+	// kept are the platforms and hosts that an edit broke and that kept their last good
+	// settings (see Merge).
+	kept map[Platform]bool
 }
 
 // StaticHost is one host.<name>.* entry.
@@ -84,7 +94,8 @@ type Pool struct {
 type SecretRef struct {
 	Name      string
 	Keys      []string
-	ConfigKey string // the config key that names it
+	ConfigKey string   // the config key that names it
+	Platform  Platform // the platform that needs it
 }
 
 // Strategy tells how p is satisfied; false if the config does not know p.
@@ -134,22 +145,45 @@ func (c *Config) NamespaceAllowed(ns string) bool {
 	return false
 }
 
-// Broken returns the errors in p's settings; empty when p can be served.
+// Broken returns the errors that make p unusable; empty when p can be served.
 func (c *Config) Broken(p Platform) Problems {
 	return c.broken[p]
+}
+
+// Usable tells whether the config knows p and can serve it.
+func (c *Config) Usable(p Platform) bool {
+	_, known := c.Platforms[p]
+	return known && len(c.broken[p]) == 0
+}
+
+// Fatal returns the problems of the whole file; a config with any is not used at all.
+func (c *Config) Fatal() Problems { return c.fatal }
+
+// Problems returns every problem the config was parsed with, errors first.
+func (c *Config) Problems() Problems { return c.problems }
+
+// UsablePlatforms lists the platforms that can be served, sorted.
+func (c *Config) UsablePlatforms() []Platform {
+	var out []Platform
+	for _, p := range slices.Sorted(maps.Keys(c.Platforms)) {
+		if c.Usable(p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Secrets lists every secret the config names, in key order.
 func (c *Config) Secrets() []SecretRef {
 	var refs []SecretRef
 	for _, h := range c.Hosts {
-		refs = append(refs, SecretRef{Name: h.Secret, Keys: []string{"id_rsa"}, ConfigKey: hostKey(h.Name, "secret")})
+		refs = append(refs, SecretRef{Name: h.Secret, Keys: []string{"id_rsa"}, ConfigKey: hostKey(h.Name, "secret"), Platform: h.Platform})
 	}
 	for _, p := range slices.Sorted(maps.Keys(c.Dynamic)) {
 		d := c.Dynamic[p]
-		refs = append(refs, SecretRef{Name: d.SSHSecret, Keys: []string{"id_rsa"}, ConfigKey: dynamicKey(p, "ssh-secret")})
+		refs = append(refs, SecretRef{Name: d.SSHSecret, Keys: []string{"id_rsa"}, ConfigKey: dynamicKey(p, "ssh-secret"), Platform: p})
 		if s, ok := providerSecretKeys[d.Type]; ok && d.Settings[s.field] != "" {
-			refs = append(refs, SecretRef{Name: d.Settings[s.field], Keys: s.keys, ConfigKey: dynamicKey(p, s.field)})
+			refs = append(refs, SecretRef{Name: d.Settings[s.field], Keys: s.keys, ConfigKey: dynamicKey(p, s.field), Platform: p})
 		}
 	}
 	return refs

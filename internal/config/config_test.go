@@ -115,13 +115,23 @@ func TestValidConfigIsModelled(t *testing.T) {
 	}
 }
 
-func TestEmptyConfigAllowsEveryNamespaceAndKnowsNoPlatform(t *testing.T) {
-	cfg, problems := Parse(map[string]string{})
-	if len(problems) != 0 {
-		t.Fatalf("problems in an empty config: %s", problems.Summary())
-	}
-	if _, ok := cfg.Strategy("linux/arm64"); ok || !cfg.NamespaceAllowed("anything") {
-		t.Fatal("an empty config must know no platform and allow every namespace")
+func TestAConfigWithoutPlatformsIsUnusableAsAWhole(t *testing.T) {
+	for name, data := range map[string]map[string]string{
+		"empty":        {},
+		"globals only": {"allowed-namespaces": "builds", "instance-tag": "x"},
+		"bad lists":    {"dynamic-platforms": "Linux/ARM64"},
+	} {
+		cfg, _ := Parse(data)
+		if name == "bad lists" {
+			// a listed platform with a bad name is a platform: unusable, named, not fatal
+			if len(cfg.Fatal()) != 0 || cfg.Usable("Linux/ARM64") || len(cfg.Broken("Linux/ARM64")) == 0 {
+				t.Errorf("%s: fatal %v, broken %v", name, cfg.Fatal(), cfg.Broken("Linux/ARM64"))
+			}
+			continue
+		}
+		if f := cfg.Fatal(); len(f) != 1 || !strings.Contains(f[0].Message, "names no platform") {
+			t.Errorf("%s: fatal problems %v, want one saying the config names no platform", name, f)
+		}
 	}
 }
 
@@ -134,10 +144,12 @@ func TestProblemsNameTheKey(t *testing.T) {
 		contains string
 	}{
 		// platform names
-		{"platform without arch", with(map[string]string{"local-platforms": "linux"}), Error, "local-platforms", "must be os/arch"},
+		{"dynamic platform without arch", with(map[string]string{"dynamic-platforms": "linux"}), Error, "dynamic-platforms", "must be os/arch"},
+		{"local platform not os/arch", with(map[string]string{"local-platforms": "test-platform"}), Warning, "local-platforms", "not os/arch"},
+		{"local platform with spaces", with(map[string]string{"local-platforms": "test platform"}), Error, "local-platforms", "must be os/arch"},
 		{"platform with capitals", with(map[string]string{"dynamic-platforms": "Linux/arm64"}), Error, "dynamic-platforms", `"Linux" is not a valid name part`},
 		{"platform with three parts", with(map[string]string{"local-platforms": "linux/arm/v7"}), Error, "local-platforms", "must be os/arch"},
-		{"empty entry mid-list", with(map[string]string{"local-platforms": "local,,linux/x86_64"}), Error, "local-platforms", "empty entry at position 2"},
+		{"empty entry mid-list", with(map[string]string{"local-platforms": "local,,linux/x86_64"}), Warning, "local-platforms", "empty entry at position 2"},
 		{"host platform invalid", with(map[string]string{"host.s390x-1.platform": "s390x"}), Error, "host.s390x-1.platform", "must be os/arch"},
 		// one strategy per platform
 		{"local and dynamic", with(map[string]string{"local-platforms": "linux/arm64"}), Error, "dynamic-platforms", "linux/arm64 is also in local-platforms"},
@@ -158,7 +170,7 @@ func TestProblemsNameTheKey(t *testing.T) {
 		{"concurrency missing", with(nil, "host.s390x-1.concurrency"), Warning, "host.s390x-1.concurrency", "one build at a time"},
 		{"host name too long", with(map[string]string{"host." + strings.Repeat("a", 70) + ".address": "10.0.0.1"}), Error, "host." + strings.Repeat("a", 70) + ".address", "at most 63"},
 		{"host key garbage", with(map[string]string{"host.s390x-1.host-key": "fingerprint"}), Error, "host.s390x-1.host-key", "not a public key"},
-		{"host key form", map[string]string{"host.address": "1.2.3.4"}, Error, "host.address", "host.<name>.<field>"},
+		{"host key form", map[string]string{"host.address": "1.2.3.4"}, Warning, "host.address", "host.<name>.<field>"},
 		// dynamic platforms
 		{"dynamic without type", with(nil, "dynamic.linux-arm64.type"), Error, "dynamic.linux-arm64.type", "missing; it is required"},
 		{"dynamic without max-instances", with(nil, "dynamic.linux-arm64.max-instances"), Error, "dynamic.linux-arm64.max-instances", "missing; it is required"},
@@ -181,17 +193,17 @@ func TestProblemsNameTheKey(t *testing.T) {
 		{"pool max-age too old", with(map[string]string{"dynamic.linux-ppc64le.max-age": "2000"}), Error, "dynamic.linux-ppc64le.max-age", "from 1 to 1440"},
 		{"pool without max-age", with(nil, "dynamic.linux-ppc64le.max-age"), Error, "dynamic.linux-ppc64le.max-age", "missing; it is required"},
 		{"pool without concurrency", with(nil, "dynamic.linux-ppc64le.concurrency"), Error, "dynamic.linux-ppc64le.concurrency", "missing; it is required"},
-		{"pool key on plain dynamic", with(map[string]string{"dynamic.linux-arm64.max-age": "60"}), Error, "dynamic.linux-arm64.max-age", "only platforms in dynamic-pool-platforms"},
+		{"pool key on plain dynamic", with(map[string]string{"dynamic.linux-arm64.max-age": "60"}), Warning, "dynamic.linux-arm64.max-age", "only platforms in dynamic-pool-platforms"},
 		// unknown keys
-		{"global typo", with(map[string]string{"alowed-namespaces": "x"}), Error, "alowed-namespaces", "did you mean allowed-namespaces?"},
-		{"section typo", with(map[string]string{"hosts.a.address": "x"}), Error, "hosts.a.address", "did you mean host.<name>.<field>?"},
-		{"host field typo", with(map[string]string{"host.s390x-1.concurency": "2"}), Error, "host.s390x-1.concurency", "did you mean concurrency?"},
-		{"dynamic field typo", with(map[string]string{"dynamic.linux-arm64.regoin": "x"}), Error, "dynamic.linux-arm64.regoin", "did you mean region?"},
-		{"other provider's key", with(map[string]string{"dynamic.linux-arm64.crn": "x"}), Error, "dynamic.linux-arm64.crn", "setting of type ibmp, and this platform's type is aws"},
-		{"unknown with no suggestion", with(map[string]string{"zzzzzzzz": "x"}), Error, "zzzzzzzz", "unknown key"},
+		{"global typo", with(map[string]string{"alowed-namespaces": "x"}), Warning, "alowed-namespaces", "did you mean allowed-namespaces?"},
+		{"section typo", with(map[string]string{"hosts.a.address": "x"}), Warning, "hosts.a.address", "did you mean host.<name>.<field>?"},
+		{"host field typo", with(map[string]string{"host.s390x-1.concurency": "2"}), Warning, "host.s390x-1.concurency", "did you mean concurrency?"},
+		{"dynamic field typo", with(map[string]string{"dynamic.linux-arm64.regoin": "x"}), Warning, "dynamic.linux-arm64.regoin", "did you mean region?"},
+		{"other provider's key", with(map[string]string{"dynamic.linux-arm64.crn": "x"}), Warning, "dynamic.linux-arm64.crn", "setting of type ibmp, and this platform's type is aws"},
+		{"unknown with no suggestion", with(map[string]string{"zzzzzzzz": "x"}), Warning, "zzzzzzzz", "unknown key"},
 		// globals
-		{"namespace regex broken", with(map[string]string{"allowed-namespaces": "team-(a"}), Error, "allowed-namespaces", "valid regular expression"},
-		{"tags not pairs", with(map[string]string{"additional-instance-tags": "team=builds,oops"}), Error, "additional-instance-tags", `"oops" is not key=value`},
+		{"namespace regex broken", with(map[string]string{"allowed-namespaces": "team-(a"}), Warning, "allowed-namespaces", "only a namespace of exactly that name"},
+		{"tags not pairs", with(map[string]string{"additional-instance-tags": "team=builds,oops"}), Warning, "additional-instance-tags", `"oops" is not key=value`},
 		{"namespace cap zero", with(map[string]string{"max-tasks-per-namespace": "0"}), Error, "max-tasks-per-namespace", "0 is out of range"},
 		{"namespace cap negative", with(map[string]string{"max-tasks-per-namespace": "-3"}), Error, "max-tasks-per-namespace", "out of range"},
 		{"namespace cap word", with(map[string]string{"max-tasks-per-namespace": "few"}), Error, "max-tasks-per-namespace", `"few" is not a whole number`},
@@ -213,9 +225,9 @@ func TestAllProblemsAreCollected(t *testing.T) {
 	_, problems := Parse(with(map[string]string{
 		"host.s390x-1.concurrency":          "zero",
 		"dynamic.linux-arm64.max-instances": "many",
-		"alowed-namespaces":                 "x",
+		"max-tasks-per-namespace":           "lots",
 	}, "host.s390x-2.secret"))
-	want := []string{"alowed-namespaces", "dynamic.linux-arm64.max-instances", "host.s390x-1.concurrency", "host.s390x-2.secret"}
+	want := []string{"dynamic.linux-arm64.max-instances", "host.s390x-1.concurrency", "host.s390x-2.secret", "max-tasks-per-namespace"}
 	errs := problems.Errors()
 	if len(errs) != len(want) {
 		t.Fatalf("got %d errors, want %d: %s", len(errs), len(want), errs.Summary())
@@ -224,22 +236,6 @@ func TestAllProblemsAreCollected(t *testing.T) {
 		if p.Key != want[i] {
 			t.Errorf("error %d is about %s, want %s (errors sorted by key)", i, p.Key, want[i])
 		}
-	}
-}
-
-func TestBrokenTellsWhichPlatformAnErrorConcerns(t *testing.T) {
-	cfg, problems := Parse(with(map[string]string{"host.s390x-1.concurrency": "0"}, "dynamic.linux-arm64.ami"))
-	if !problems.HasErrors() {
-		t.Fatal("expected errors")
-	}
-	if b := cfg.Broken("linux/s390x"); len(b) != 1 || b[0].Key != "host.s390x-1.concurrency" {
-		t.Errorf("Broken(linux/s390x) = %v", b)
-	}
-	if b := cfg.Broken("linux/arm64"); len(b) != 1 || b[0].Key != "dynamic.linux-arm64.ami" {
-		t.Errorf("Broken(linux/arm64) = %v", b)
-	}
-	if b := cfg.Broken("linux/ppc64le"); len(b) != 0 {
-		t.Errorf("linux/ppc64le has no errors but Broken says %v", b)
 	}
 }
 

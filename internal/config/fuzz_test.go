@@ -7,7 +7,7 @@ import (
 
 // FuzzParse feeds the parser ConfigMap data written as key=value lines. Whatever the input, the
 // parser must not panic, every problem must name a key and say something, errors come first,
-// and a config without errors must be one the allocator can trust.
+// and whatever the config calls usable must be something the allocator can trust.
 func FuzzParse(f *testing.F) {
 	var b strings.Builder
 	for k, v := range base() {
@@ -41,12 +41,18 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("an error after a warning: %s", problems.Summary())
 			}
 		}
-		if problems.HasErrors() {
-			return
+		if !problems.HasErrors() && len(cfg.UsablePlatforms()) != len(cfg.Platforms) {
+			t.Fatalf("a platform is unusable in a config without errors: %v", cfg.Platforms)
 		}
 		for platform, strategy := range cfg.Platforms {
-			if len(cfg.Broken(platform)) != 0 {
-				t.Fatalf("%s is broken in a config without errors", platform)
+			if !cfg.Usable(platform) {
+				if len(cfg.Broken(platform)) == 0 {
+					t.Fatalf("%s is unusable and nothing says why", platform)
+				}
+				continue
+			}
+			if strategy == StrategyStatic && len(cfg.HostsFor(platform)) == 0 {
+				t.Fatalf("static platform %s is usable without a host", platform)
 			}
 			if strategy == StrategyDynamic || strategy == StrategyDynamicPool {
 				d := cfg.Dynamic[platform]

@@ -12,15 +12,19 @@ import (
 )
 
 // Parse reads a host-config ConfigMap's data. It returns the config and every problem found,
-// not just the first; the config must not be used when the problems include errors (though
-// Broken still tells which platforms they concern).
+// not just the first. Validity is per platform and per host: an error in a platform's settings
+// makes only that platform unusable (Broken says why), an error in a static host leaves only
+// that host out of its pool, and only a problem of the whole file (Fatal) makes the config
+// unusable as a whole. Keys the multi-platform controller accepts and ignores are warnings here.
 func Parse(data map[string]string) (*Config, Problems) {
 	p := &parser{
 		data: data,
 		cfg: &Config{
 			Platforms: map[Platform]Strategy{},
 			Dynamic:   map[Platform]*DynamicPlatform{},
-			broken:    map[Platform][]Problem{},
+			broken:    map[Platform]Problems{},
+			leftOut:   map[string]Problems{},
+			badGlobal: map[string]bool{},
 		},
 		hostFields:    map[string]map[string]string{},
 		dynamicFields: map[string]map[string]string{},
@@ -30,7 +34,11 @@ func Parse(data map[string]string) (*Config, Problems) {
 	p.parsePlatformLists()
 	p.parseHosts()
 	p.parseDynamic()
+	if len(p.cfg.Platforms) == 0 {
+		p.fatalf("local-platforms", "the config names no platform: set local-platforms, dynamic-platforms, dynamic-pool-platforms or host.<name>.* keys")
+	}
 	p.problems.sort()
+	p.cfg.problems = p.problems
 	return p.cfg, p.problems
 }
 
@@ -45,22 +53,37 @@ type parser struct {
 	dynamicListed map[string]dynamicEntry      // label → entry of the dynamic lists, conflicting ones too
 }
 
-func (p *parser) errorf(key, format string, args ...any) {
-	p.problems = append(p.problems, Problem{Severity: Error, Key: key, Message: fmt.Sprintf(format, args...)})
+func (p *parser) add(severity Severity, platform Platform, key, format string, args ...any) Problem {
+	problem := Problem{Severity: severity, Platform: platform, Key: key, Message: fmt.Sprintf(format, args...)}
+	p.problems = append(p.problems, problem)
+	return problem
 }
 
-func (p *parser) warnf(key, format string, args ...any) {
-	p.problems = append(p.problems, Problem{Severity: Warning, Key: key, Message: fmt.Sprintf(format, args...)})
+// warnf records something berth ignores or works around; it changes nothing that is served.
+func (p *parser) warnf(platform Platform, key, format string, args ...any) {
+	p.add(Warning, platform, key, format, args...)
 }
 
 // platformErrorf records an error that makes one platform unusable.
 func (p *parser) platformErrorf(platform Platform, key, format string, args ...any) {
-	p.errorf(key, format, args...)
-	p.cfg.broken[platform] = append(p.cfg.broken[platform], p.problems[len(p.problems)-1])
+	p.cfg.broken[platform] = append(p.cfg.broken[platform], p.add(Error, platform, key, format, args...))
+}
+
+// globalErrorf records a global key whose value berth cannot use: the key takes no effect (the
+// last good value stays in force on a reload), every platform is still served.
+func (p *parser) globalErrorf(key, format string, args ...any) {
+	p.cfg.badGlobal[key] = true
+	p.add(Error, "", key, format, args...)
+}
+
+// fatalf records a problem of the whole file: nothing in it can be trusted.
+func (p *parser) fatalf(key, format string, args ...any) {
+	p.cfg.fatal = append(p.cfg.fatal, p.add(Error, "", key, format, args...))
 }
 
 // classifyKeys sorts every key into globals, host.<name>.<field> and dynamic.<platform>.<field>,
-// and reports the ones that are none of them.
+// and warns about the ones that are none of them: berth ignores them, as the multi-platform
+// controller does.
 func (p *parser) classifyKeys() {
 	for _, key := range slices.Sorted(maps.Keys(p.data)) {
 		if _, ok := globalKeys[key]; ok {
@@ -80,7 +103,7 @@ func (p *parser) classifyKeys() {
 			}
 			target[name][field] = strings.TrimSpace(p.data[key])
 		case section == "host" || section == "dynamic":
-			p.errorf(key, "%s keys have the form %s.<name>.<field>, like %s", section, section, map[string]string{
+			p.warnf("", key, "ignored: %s keys have the form %s.<name>.<field>, like %s", section, section, map[string]string{
 				"host": "host.s390x-1.address", "dynamic": "dynamic.linux-arm64.type"}[section])
 		default:
 			p.unknownKey(key)
@@ -90,17 +113,17 @@ func (p *parser) classifyKeys() {
 
 func (p *parser) unknownKey(key string) {
 	if key == "" {
-		p.errorf(`""`, "a key is empty; every key needs a name")
+		p.warnf("", `""`, "ignored: a key is empty; every key needs a name")
 		return
 	}
 	candidates := slices.Collect(maps.Keys(globalKeys))
-	msg := "unknown key; berth would ignore it"
+	msg := "unknown key; berth ignores it"
 	if s := suggest(key, candidates); s != "" {
 		msg += "; did you mean " + s + "?"
 	} else if section, _, _ := strings.Cut(key, "."); suggest(section, []string{"host", "dynamic"}) != "" {
 		msg += "; did you mean " + suggest(section, []string{"host", "dynamic"}) + ".<name>.<field>?"
 	}
-	p.errorf(key, "%s", msg)
+	p.warnf("", key, "%s", msg)
 }
 
 func (p *parser) parseGlobals() {
@@ -110,28 +133,44 @@ func (p *parser) parseGlobals() {
 		for _, pair := range splitList(raw) {
 			k, v, ok := strings.Cut(pair, "=")
 			if !ok || strings.TrimSpace(k) == "" {
-				p.errorf("additional-instance-tags", "%q is not key=value; write tags as k=v,k=v", pair)
+				p.warnf("", "additional-instance-tags", "%q is not key=value, so this tag is not set; write tags as k=v,k=v", pair)
 				continue
 			}
 			p.cfg.AdditionalInstanceTags[strings.TrimSpace(k)] = strings.TrimSpace(v)
 		}
 	}
 	if raw, ok := p.data["max-tasks-per-namespace"]; ok {
-		p.cfg.MaxTasksPerNamespace = p.intInRange(strings.TrimSpace(raw), 1, maxTasksPerNamespace, "tasks one namespace may run at once on a platform",
-			func(msg string) { p.errorf("max-tasks-per-namespace", "%s", msg) })
 		if strings.TrimSpace(raw) == "" {
-			p.errorf("max-tasks-per-namespace", "empty; write a number, or remove the key for no limit")
+			p.globalErrorf("max-tasks-per-namespace", "empty; write a number, or remove the key for no limit")
+		} else {
+			p.cfg.MaxTasksPerNamespace = p.intInRange(strings.TrimSpace(raw), 1, maxTasksPerNamespace, "tasks one namespace may run at once on a platform",
+				func(msg string) { p.globalErrorf("max-tasks-per-namespace", "%s", msg) })
 		}
 	}
+	p.parseAllowedNamespaces()
+}
+
+// parseAllowedNamespaces reads berth's namespace allow-list. It is never an error: an entry that
+// is not a valid regular expression matches only the namespace of exactly that name, so a typo
+// can narrow the list but never open it to everyone.
+func (p *parser) parseAllowedNamespaces() {
 	for _, ns := range splitList(p.data["allowed-namespaces"]) {
 		re, err := regexp.Compile("^(?:" + ns + ")$")
 		if err != nil {
-			p.errorf("allowed-namespaces", "%q is neither a namespace name nor a valid regular expression: %v", ns, err)
-			continue
+			p.warnf("", "allowed-namespaces", "%q is not a valid regular expression (%v), so it allows only a namespace of exactly that name", ns, err)
+			if re, err = regexp.Compile("^" + regexp.QuoteMeta(ns) + "$"); err != nil {
+				re = matchNothing // not even UTF-8: no namespace can have this name
+			}
 		}
 		p.cfg.AllowedNamespaces = append(p.cfg.AllowedNamespaces, re)
 	}
 }
+
+var matchNothing = regexp.MustCompile(`[^\x00-\x{10FFFF}]`)
+
+// localPlatformName is what a local platform may be called beyond os/arch: the upstream local
+// example uses "test-platform". It must still fit a label value.
+var localPlatformName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?(/[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?)?$`)
 
 // parsePlatformLists reads the three platform lists; a platform may be in only one of them.
 func (p *parser) parsePlatformLists() {
@@ -150,21 +189,26 @@ func (p *parser) parsePlatformLists() {
 			item = strings.TrimSpace(item)
 			if item == "" {
 				if i < len(items)-1 && strings.TrimSpace(p.data[list.key]) != "" {
-					p.errorf(list.key, "empty entry at position %d; remove the extra comma", i+1)
+					p.warnf("", list.key, "empty entry at position %d; remove the extra comma", i+1)
 				}
 				continue // a trailing comma is common in existing configs
 			}
 			platform, err := ParsePlatform(item)
 			if err != nil {
-				p.errorf(list.key, "%v", err)
-				continue
+				platform = Platform(item)
+				switch {
+				case list.strategy == StrategyLocal && localPlatformName.MatchString(item):
+					p.warnf(platform, list.key, "%q is not os/arch; tasks must ask for exactly this name", item)
+				default:
+					p.platformErrorf(platform, list.key, "%v", err)
+				}
 			}
 			if list.strategy != StrategyLocal {
 				p.dynamicListed[platform.Label()] = dynamicEntry{platform: platform, pooled: list.strategy == StrategyDynamicPool}
 			}
 			if other, ok := p.listedIn[platform]; ok {
 				if other == list.key {
-					p.warnf(list.key, "%s is listed twice", platform)
+					p.warnf(platform, list.key, "%s is listed twice", platform)
 				} else {
 					p.platformErrorf(platform, list.key, "%s is also in %s; a platform has one strategy: remove it from one list", platform, other)
 				}
@@ -176,7 +220,11 @@ func (p *parser) parsePlatformLists() {
 	}
 }
 
+// parseHosts reads the static hosts. A host with an error is left out; its platform is served
+// by its other hosts, and is unusable only when none is left.
 func (p *parser) parseHosts() {
+	usable := map[Platform]int{}
+	hostErrors := map[Platform]Problems{}
 	for _, name := range slices.Sorted(maps.Keys(p.hostFields)) {
 		fields := p.hostFields[name]
 		h := &StaticHost{Name: name}
@@ -184,21 +232,19 @@ func (p *parser) parseHosts() {
 		if perr == nil {
 			h.Platform = platform
 		}
+		var errs Problems
 		fail := func(field, format string, args ...any) {
-			if perr == nil {
-				p.platformErrorf(platform, hostKey(name, field), format, args...)
-			} else {
-				p.errorf(hostKey(name, field), format, args...)
-			}
+			errs = append(errs, p.add(Error, h.Platform, hostKey(name, field), format+"; host %s is left out", append(args, name)...))
 		}
+		warn := func(field, format string, args ...any) { p.warnf(h.Platform, hostKey(name, field), format, args...) }
 		if !validHostName(name) {
 			fail("address", "host name %q cannot be used: it is written into the assigned-host label, so it must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", name)
 		}
-		p.checkFields(fields, hostKeys, nil, func(field, msg string) { fail(field, "%s", msg) })
+		p.checkFields(fields, hostKeys, nil, fail, warn)
 		h.Address, h.User, h.Secret, h.HostKey = fields["address"], fields["user"], fields["secret"], fields["host-key"]
 
 		if fields["platform"] != "" && perr != nil {
-			p.errorf(hostKey(name, "platform"), "%v", perr)
+			fail("platform", "%v", perr)
 		}
 		if h.Address != "" {
 			if err := checkAddress(h.Address); err != nil {
@@ -214,7 +260,7 @@ func (p *parser) parseHosts() {
 		if raw := fields["concurrency"]; raw != "" {
 			h.Concurrency = p.intInRange(raw, 1, maxHostConcurrency, "builds at once on this host", func(msg string) { fail("concurrency", "%s", msg) })
 		} else {
-			p.warnf(hostKey(name, "concurrency"), "not set; berth runs one build at a time on this host")
+			warn("concurrency", "not set; berth runs one build at a time on this host")
 		}
 		if h.HostKey != "" {
 			if err := checkHostKey(h.HostKey); err != nil {
@@ -226,7 +272,18 @@ func (p *parser) parseHosts() {
 				p.cfg.Platforms[platform] = StrategyStatic
 			}
 		}
+		if len(errs) > 0 {
+			p.cfg.leftOut[name] = errs
+			hostErrors[h.Platform] = append(hostErrors[h.Platform], errs...)
+			continue
+		}
+		usable[platform]++
 		p.cfg.Hosts = append(p.cfg.Hosts, h)
+	}
+	for platform, errs := range hostErrors {
+		if s := p.cfg.Platforms[platform]; s == StrategyStatic && usable[platform] == 0 {
+			p.cfg.broken[platform] = append(p.cfg.broken[platform], errs...)
+		}
 	}
 }
 
@@ -237,11 +294,11 @@ type dynamicEntry struct {
 
 // parseDynamic checks the settings of every platform in a dynamic list (also of one that is
 // in two lists, so that all its mistakes are reported at once), and models those whose
-// strategy is dynamic.
+// strategy is dynamic and whose settings are usable.
 func (p *parser) parseDynamic() {
 	for _, label := range slices.Sorted(maps.Keys(p.dynamicFields)) {
 		if _, ok := p.dynamicListed[label]; !ok {
-			p.warnf("dynamic."+label+".*", "no platform in dynamic-platforms or dynamic-pool-platforms has this name, so these keys are ignored; add the platform to a list to use them")
+			p.warnf("", "dynamic."+label+".*", "no platform in dynamic-platforms or dynamic-pool-platforms has this name, so these keys are ignored; add the platform to a list to use them")
 		}
 	}
 	for _, label := range slices.Sorted(maps.Keys(p.dynamicListed)) {
@@ -250,8 +307,11 @@ func (p *parser) parseDynamic() {
 		fail := func(field, format string, args ...any) {
 			p.platformErrorf(platform, dynamicKey(platform, field), format, args...)
 		}
+		warn := func(field, format string, args ...any) {
+			p.warnf(platform, dynamicKey(platform, field), format, args...)
+		}
 		if fields == nil {
-			fail("type", "%s lists %s but there are no dynamic.%s.* settings; set at least type, max-instances and ssh-secret", p.listedIn[platform], platform, label)
+			fail("type", "%s lists %s but there are no dynamic.%s.* settings, so tasks for it fail; set at least type, max-instances and ssh-secret, or remove it from the list", p.listedIn[platform], platform, label)
 			continue
 		}
 		d := &DynamicPlatform{Platform: platform, Type: fields["type"], Settings: map[string]string{}}
@@ -268,8 +328,7 @@ func (p *parser) parseDynamic() {
 			maps.Copy(schema, poolKeys)
 		}
 		maps.Copy(schema, provider)
-		p.checkFields(fields, schema, func(field string) string { return p.misplacedField(field, d.Type, pooled) },
-			func(field, msg string) { fail(field, "%s", msg) })
+		p.checkFields(fields, schema, func(field string) string { return p.misplacedField(field, d.Type, pooled) }, fail, warn)
 
 		d.SSHSecret, d.InstanceTag, d.SudoCommands, d.HostKey = fields["ssh-secret"], fields["instance-tag"], fields["sudo-commands"], fields["host-key"]
 		if raw, ok := fields["max-instances"]; ok {
@@ -301,27 +360,32 @@ func (p *parser) parseDynamic() {
 				d.Settings[field] = v
 			}
 		}
-		if s := p.cfg.Platforms[platform]; s == StrategyDynamic || s == StrategyDynamicPool {
+		if s := p.cfg.Platforms[platform]; (s == StrategyDynamic || s == StrategyDynamicPool) && len(p.cfg.broken[platform]) == 0 {
 			p.cfg.Dynamic[platform] = d
 		}
 	}
 }
 
-// misplacedField explains a field that belongs somewhere else, or returns "".
+// misplacedField explains a field that belongs somewhere else, or returns "". The
+// multi-platform controller ignores such fields, so berth does too, with a warning.
 func (p *parser) misplacedField(field, providerType string, pooled bool) string {
 	if _, ok := poolKeys[field]; ok && !pooled {
-		return "only platforms in dynamic-pool-platforms have " + field
+		return "ignored: only platforms in dynamic-pool-platforms have " + field
 	}
 	for other, keys := range providerKeys {
 		if _, ok := keys[field]; ok && other != providerType && providerType != "" {
-			return fmt.Sprintf("%s is a setting of type %s, and this platform's type is %s", field, other, providerType)
+			return fmt.Sprintf("ignored: %s is a setting of type %s, and this platform's type is %s", field, other, providerType)
 		}
 	}
 	return ""
 }
 
-// checkFields reports unknown and missing fields and values of the wrong kind.
-func (p *parser) checkFields(fields map[string]string, schema map[string]field, misplaced func(string) string, fail func(field, msg string)) {
+// checkFields reports unknown fields (warnings: berth ignores them), and missing fields and
+// values of the wrong kind (errors). A required field that is missing because its name was
+// mistyped says so.
+func (p *parser) checkFields(fields map[string]string, schema map[string]field, misplaced func(string) string,
+	fail, warn func(field, format string, args ...any)) {
+	typoOf := map[string]string{} // required field → the unknown field that looks like it
 	for _, name := range slices.Sorted(maps.Keys(fields)) {
 		f, ok := schema[name]
 		if !ok {
@@ -330,12 +394,15 @@ func (p *parser) checkFields(fields map[string]string, schema map[string]field, 
 				msg = misplaced(name)
 			}
 			if msg == "" {
-				msg = "unknown key; berth would ignore it"
+				msg = "unknown key; berth ignores it"
 				if s := suggest(name, slices.Collect(maps.Keys(schema))); s != "" {
 					msg += "; did you mean " + s + "?"
+					if _, set := fields[s]; !set && typoOf[s] == "" {
+						typoOf[s] = name
+					}
 				}
 			}
-			fail(name, msg)
+			warn(name, "%s", msg)
 			continue
 		}
 		value := fields[name]
@@ -344,21 +411,24 @@ func (p *parser) checkFields(fields map[string]string, schema map[string]field, 
 			fail(name, "is empty; it is required")
 		case f.kind == kindBool && value != "":
 			if _, err := strconv.ParseBool(value); err != nil {
-				fail(name, fmt.Sprintf("%q is not true or false", value))
+				fail(name, "%q is not true or false", value)
 			}
 		case f.kind == kindNumber && value != "":
 			if v, err := strconv.ParseFloat(value, 64); err != nil || v <= 0 {
-				fail(name, fmt.Sprintf("%q is not a positive number", value))
+				fail(name, "%q is not a positive number", value)
 			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(schema)) {
 		if _, present := fields[name]; schema[name].required && !present {
 			msg := "missing; it is required"
+			if typo := typoOf[name]; typo != "" {
+				msg += fmt.Sprintf(" (%s is set: did you mean %s?)", typo, name)
+			}
 			if h := schema[name].help; h != "" {
 				msg += ": set it to " + h
 			}
-			fail(name, msg)
+			fail(name, "%s", msg)
 		}
 	}
 }

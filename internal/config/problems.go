@@ -17,6 +17,9 @@ const (
 // Problem is one thing wrong with a config, tied to the key it is about.
 type Problem struct {
 	Severity Severity
+	// Platform is the platform the problem concerns, empty for the file as a whole (or for a
+	// host whose platform cannot be told).
+	Platform Platform
 	Key      string
 	Message  string
 }

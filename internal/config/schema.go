@@ -1,7 +1,8 @@
 package config
 
 // The keys the config understands, by section. A key's kind decides how its value is parsed;
-// anything not listed here is an unknown key (an error, with a suggestion).
+// anything not listed here is an unknown key (a warning, with a suggestion: berth ignores it, as
+// the multi-platform controller does).
 
 type kind int
 
@@ -76,6 +77,11 @@ var providerKeys = map[string]map[string]field{
 		"iops":                  {kind: kindInt},
 		"throughput":            {kind: kindInt},
 		"user-data":             {kind: kindString},
+		// Dedicated hosts (macOS): placement tenancy, the host resource group and the license
+		// configuration the instances run under.
+		"tenancy":                   {kind: kindString},
+		"host-resource-group-arn":   {kind: kindString},
+		"license-configuration-arn": {kind: kindString},
 	},
 	"ibmz": {
 		"region":     {kind: kindString, required: true},

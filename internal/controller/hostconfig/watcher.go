@@ -39,14 +39,24 @@ const (
 	ReasonWarnings      = "ConfigWarnings"
 	ReasonSecretMissing = "SecretMissing"
 	ReasonAmbiguous     = "ConfigAmbiguous"
+	// ReasonKeptLastGood: an edit broke a platform, host or global key that worked; its last
+	// good settings stay in force.
+	ReasonKeptLastGood = "ConfigKeptLastGood"
+	// ReasonPlatformUnusable: platforms the config lists but cannot be served.
+	ReasonPlatformUnusable = "PlatformUnusable"
 )
 
 var configValid = prometheus.NewGauge(prometheus.GaugeOpts{
 	Name: "berth_config_valid",
-	Help: "1 when the latest host-config ConfigMap was valid and is in force, 0 when it was rejected (the last good config stays in force) or none is found.",
+	Help: "1 when the latest host-config ConfigMap is in force without errors; 0 when it has errors (broken parts keep their last good settings or are unusable), was rejected as a whole, or none is found.",
 })
 
-func init() { metrics.Registry.MustRegister(configValid) }
+var platformUsable = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "berth_platform_usable",
+	Help: "Per platform of the config in force: 1 when berth serves it, 0 when its settings are broken and its tasks fail.",
+}, []string{"platform"})
+
+func init() { metrics.Registry.MustRegister(configValid, platformUsable) }
 
 // CacheByObject restricts the manager's ConfigMap cache to the config ConfigMap: the cluster's
 // other ConfigMaps are none of berth's business.
@@ -122,33 +132,80 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 	if cm.ResourceVersion == w.applied {
 		return reconcile.Result{}, nil
 	}
-	cfg, problems := config.Parse(cm.Data)
-	if problems.HasErrors() {
-		w.Store.Reject(cfg, problems)
+	next, problems := config.Parse(cm.Data)
+	if fatal := next.Fatal(); len(fatal) > 0 {
+		w.Store.Reject(next, problems)
 		configValid.Set(0)
-		kept := "no config is in force yet, so tasks fail with an error secret naming the setting that breaks their platform"
+		kept := "no config is in force yet, so every task fails with an error secret saying why"
 		if w.Store.Config() != nil {
 			kept = "the last good config stays in force"
 		}
-		msg := fmt.Sprintf("resourceVersion %s: rejected: %d error(s); %s. %s", cm.ResourceVersion, len(problems.Errors()), kept, problems.Summary())
+		msg := fmt.Sprintf("resourceVersion %s: rejected as a whole; %s. %s", cm.ResourceVersion, kept, fatal.Summary())
 		log.Error(nil, "host-config ConfigMap rejected", "configmap", cm.Name, "resourceVersion", cm.ResourceVersion, "problems", problems.Summary())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonRejected, "Validate", "%s", truncate(msg))
 		w.applied = cm.ResourceVersion
 		return reconcile.Result{}, nil
 	}
 
+	cfg, kept := config.Merge(w.Store.Config(), next)
 	w.Store.Apply(cfg)
-	configValid.Set(1)
 	w.applied = cm.ResourceVersion
-	log.Info("host-config applied", "configmap", cm.Name, "resourceVersion", cm.ResourceVersion,
-		"platforms", len(cfg.Platforms), "hosts", len(cfg.Hosts), "warnings", len(problems))
-	w.Recorder.Eventf(cm, nil, corev1.EventTypeNormal, ReasonApplied, "Validate",
-		"applied resourceVersion %s: %d platform(s), %d static host(s)", cm.ResourceVersion, len(cfg.Platforms), len(cfg.Hosts))
-	if len(problems) > 0 {
-		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonWarnings, "Validate", "%s", truncate(problems.Summary()))
-	}
+	w.report(cm, cfg, problems, kept, log)
 	w.checkSecrets(ctx, cm, cfg, log)
 	return reconcile.Result{}, nil
+}
+
+// report says what an applied edit did: the Normal ConfigApplied Event, one Warning per part that
+// kept its last good settings (naming the key the edit broke), one for the platforms that cannot
+// be served, and one for the remaining problems; and the metrics.
+func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems config.Problems, kept []config.Kept, log logr.Logger) {
+	rv := cm.ResourceVersion
+	keptKeys := map[string]bool{}
+	for _, k := range kept {
+		for _, p := range k.Problems {
+			keptKeys[p.Key] = true
+		}
+		log.Error(nil, "an edit broke part of the host config; its last good settings stay in force", "part", k.What(), "problems", k.Problems.Summary())
+		// The events library folds Events of one object, reason and action into a series that
+		// keeps only the first note, so each part gets an action of its own.
+		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonKeptLastGood, partAction("KeepLastGood", k.What()), "%s", truncate(fmt.Sprintf(
+			"resourceVersion %s: %s keeps its last good settings: %s", rv, k.What(), k.Problems.Summary())))
+	}
+	var unusable []string
+	var unusableProblems config.Problems
+	platformUsable.Reset()
+	for _, r := range cfg.Report() {
+		value := 1.0
+		if !r.Usable {
+			value = 0
+			unusable = append(unusable, string(r.Platform))
+			unusableProblems = append(unusableProblems, cfg.Broken(r.Platform)...)
+		}
+		platformUsable.WithLabelValues(string(r.Platform)).Set(value)
+	}
+	if len(unusable) > 0 {
+		log.Error(nil, "platforms cannot be served; their tasks fail with an error secret", "platforms", unusable, "problems", unusableProblems.Summary())
+		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonPlatformUnusable, "Validate", "%s", truncate(fmt.Sprintf(
+			"resourceVersion %s: %d platform(s) cannot be served and their tasks fail (%s): %s", rv, len(unusable), strings.Join(unusable, ", "), unusableProblems.Summary())))
+	}
+	var rest config.Problems
+	for _, p := range problems {
+		if !keptKeys[p.Key] && (p.Platform == "" || cfg.Usable(p.Platform)) {
+			rest = append(rest, p)
+		}
+	}
+	if len(unusable) == 0 && len(kept) == 0 && !problems.HasErrors() {
+		configValid.Set(1)
+	} else {
+		configValid.Set(0)
+	}
+	log.Info("host-config applied", "configmap", cm.Name, "resourceVersion", rv,
+		"platforms", len(cfg.Platforms), "unusable", len(unusable), "kept", len(kept), "hosts", len(cfg.Hosts), "problems", len(problems))
+	w.Recorder.Eventf(cm, nil, corev1.EventTypeNormal, ReasonApplied, "Validate",
+		"applied resourceVersion %s: %d of %d platform(s) usable, %d static host(s)", rv, len(cfg.Platforms)-len(unusable), len(cfg.Platforms), len(cfg.Hosts))
+	if len(rest) > 0 {
+		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonWarnings, "Validate", "%s", truncate(fmt.Sprintf("resourceVersion %s: %s", rv, rest.Summary())))
+	}
 }
 
 // checkSecrets warns about secrets the config names that do not exist or lack a key: a task
@@ -156,7 +213,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 func (w *Watcher) checkSecrets(ctx context.Context, cm *corev1.ConfigMap, cfg *config.Config, log logr.Logger) {
 	for _, problem := range MissingSecrets(ctx, w.APIReader, w.Namespace, cfg) {
 		log.Error(nil, "config names a secret that cannot be used", "problem", problem.String())
-		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonSecretMissing, "Validate", "%s", problem.String())
+		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonSecretMissing, partAction("CheckSecret", problem.Key), "%s", problem.String())
 	}
 }
 
@@ -174,20 +231,20 @@ func MissingSecrets(ctx context.Context, r client.Reader, namespace string, cfg 
 			case apierrors.IsNotFound(err):
 				secret = nil
 			case err != nil:
-				problems = append(problems, config.Problem{Severity: config.Warning, Key: ref.ConfigKey,
+				problems = append(problems, config.Problem{Severity: config.Warning, Platform: ref.Platform, Key: ref.ConfigKey,
 					Message: fmt.Sprintf("could not read secret %s/%s: %v", namespace, ref.Name, err)})
 				continue
 			}
 			seen[ref.Name] = secret
 		}
 		if secret == nil {
-			problems = append(problems, config.Problem{Severity: config.Warning, Key: ref.ConfigKey,
+			problems = append(problems, config.Problem{Severity: config.Warning, Platform: ref.Platform, Key: ref.ConfigKey,
 				Message: fmt.Sprintf("secret %s/%s does not exist; create it with key(s) %s", namespace, ref.Name, strings.Join(ref.Keys, ", "))})
 			continue
 		}
 		for _, k := range ref.Keys {
 			if len(secret.Data[k]) == 0 {
-				problems = append(problems, config.Problem{Severity: config.Warning, Key: ref.ConfigKey,
+				problems = append(problems, config.Problem{Severity: config.Warning, Platform: ref.Platform, Key: ref.ConfigKey,
 					Message: fmt.Sprintf("secret %s/%s has no key %s", namespace, ref.Name, k)})
 			}
 		}
@@ -201,6 +258,16 @@ func labelExists(key string) labels.Requirement {
 		panic(err) // only for a malformed constant
 	}
 	return *r
+}
+
+// partAction is an Event action naming the part of the config it is about (at most the API's 128
+// characters), so that Events about different parts are never folded into one series.
+func partAction(verb, part string) string {
+	a := verb + " " + part
+	if len(a) > 128 {
+		a = a[:128]
+	}
+	return a
 }
 
 // truncate keeps an Event's note under the API's 1 KiB limit.

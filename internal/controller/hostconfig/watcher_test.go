@@ -91,7 +91,20 @@ func eventWith(t *testing.T, cm, reason, text string) bool {
 	return false
 }
 
-func TestBrokenEditKeepsLastGoodConfig(t *testing.T) {
+// armData is a dynamic platform with every setting it needs.
+func armData(d map[string]string) map[string]string {
+	d["dynamic-platforms"] = "linux/arm64"
+	for k, v := range map[string]string{"type": "aws", "max-instances": "10", "ssh-secret": "s390x-admin", "region": "us-east-1",
+		"ami": "ami-1", "instance-type": "m6g.large", "key-name": "k", "aws-secret": "s390x-admin"} {
+		d["dynamic.linux-arm64."+k] = v
+	}
+	return d
+}
+
+// TestEditsAreJudgedPerPlatform is the hot reload: an edit's good parts take effect, what it
+// breaks keeps its last good settings with a Warning Event naming the key, a platform it adds
+// broken is unusable alone, and only an edit that breaks the whole file is rejected whole.
+func TestEditsAreJudgedPerPlatform(t *testing.T) {
 	ctx := context.Background()
 	// The secret exists, so only the config itself is judged here.
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s390x-admin", Namespace: ns}, Data: map[string][]byte{"id_rsa": []byte("key")}}
@@ -100,45 +113,77 @@ func TestBrokenEditKeepsLastGoodConfig(t *testing.T) {
 	}
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "host-config", Namespace: ns, Labels: map[string]string{ConfigLabel: "hosts"}},
-		Data:       hostData("s390x-1", "s390x-2"),
+		Data:       armData(hostData("s390x-1", "s390x-2")),
 	}
 	if err := cp.Client.Create(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the valid config is in force", func() bool {
 		cfg := store.Config()
-		return cfg != nil && len(cfg.HostsFor("linux/s390x")) == 2
+		return cfg != nil && len(cfg.HostsFor("linux/s390x")) == 2 && cfg.Usable("linux/arm64")
 	})
 	if v := testutil.ToFloat64(configValid); v != 1 {
 		t.Fatalf("berth_config_valid = %v after a valid config, want 1", v)
 	}
-	good := store.Config()
 
-	// An edit with a typo and an impossible concurrency.
+	// One edit: a good change, a broken host, a typo that breaks a platform, a platform added bare.
+	cm.Data["host.s390x-2.concurrency"] = "3"
 	cm.Data["host.s390x-1.concurrency"] = "0"
-	cm.Data["host.s390x-2.adress"] = "198.18.2.2"
+	cm.Data["dynamic.linux-arm64.max-instances"] = "20"
+	cm.Data["dynamic.linux-arm64.ssh-secrte"] = cm.Data["dynamic.linux-arm64.ssh-secret"]
+	delete(cm.Data, "dynamic.linux-arm64.ssh-secret")
+	cm.Data["dynamic-platforms"] = "linux/arm64,linux/riscv64"
 	if err := cp.Client.Update(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a Warning Event names both broken keys", func() bool {
-		return eventWith(t, cm.Name, ReasonRejected, "host.s390x-1.concurrency") &&
-			eventWith(t, cm.Name, ReasonRejected, "host.s390x-2.adress: unknown key; berth would ignore it; did you mean address?")
+	eventually(t, "Warning Events name each broken key", func() bool {
+		return eventWith(t, cm.Name, ReasonKeptLastGood, "platform linux/arm64 keeps its last good settings: error: dynamic.linux-arm64.ssh-secret: missing; it is required (ssh-secrte is set: did you mean ssh-secret?)") &&
+			eventWith(t, cm.Name, ReasonKeptLastGood, "host s390x-1 keeps its last good settings: error: host.s390x-1.concurrency: 0 is out of range") &&
+			eventWith(t, cm.Name, ReasonPlatformUnusable, "1 platform(s) cannot be served and their tasks fail (linux/riscv64): error: dynamic.linux-riscv64.type")
 	})
+	cfg := store.Config()
+	if h := cfg.Host("s390x-2"); h == nil || h.Concurrency != 3 {
+		t.Errorf("s390x-2 must take the edit (concurrency 3): %+v", h)
+	}
+	if h := cfg.Host("s390x-1"); h == nil || h.Concurrency != 2 {
+		t.Errorf("s390x-1 must keep its last good concurrency 2: %+v", h)
+	}
+	if d := cfg.Dynamic["linux/arm64"]; !cfg.Usable("linux/arm64") || d == nil || d.MaxInstances != 10 {
+		t.Errorf("linux/arm64 must keep its last good settings (10 VMs, not the edit's 20): %+v", d)
+	}
+	if cfg.Usable("linux/riscv64") || len(cfg.Broken("linux/riscv64")) != 1 {
+		t.Errorf("linux/riscv64, added bare, must be unusable and say why: %v", cfg.Broken("linux/riscv64"))
+	}
 	if v := testutil.ToFloat64(configValid); v != 0 {
-		t.Fatalf("berth_config_valid = %v after a broken edit, want 0", v)
+		t.Errorf("berth_config_valid = %v with broken parts, want 0", v)
 	}
-	if store.Config() != good {
-		t.Fatal("the broken edit replaced the config in force")
+	if v := testutil.ToFloat64(platformUsable.WithLabelValues("linux/riscv64")); v != 0 {
+		t.Errorf("berth_platform_usable{linux/riscv64} = %v, want 0", v)
 	}
-	if h := store.Config().Host("s390x-1"); h.Concurrency != 2 {
-		t.Fatalf("host s390x-1 has concurrency %d in force, want the last good 2", h.Concurrency)
+	if v := testutil.ToFloat64(platformUsable.WithLabelValues("linux/s390x")); v != 1 {
+		t.Errorf("berth_platform_usable{linux/s390x} = %v, want 1", v)
 	}
-	if _, problems := store.Rejected(); len(problems.Errors()) != 2 {
-		t.Fatalf("Rejected() problems = %s, want the 2 errors", problems.Summary())
+
+	// An edit that leaves no platform at all is rejected whole; everything stays.
+	inForce := store.Config()
+	broken := cm.DeepCopy()
+	broken.Data = map[string]string{"allowed-namespaces": "builds"}
+	if err := cp.Client.Update(ctx, broken); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the empty edit is rejected", func() bool {
+		return eventWith(t, cm.Name, ReasonRejected, "rejected as a whole; the last good config stays in force")
+	})
+	if store.Config() != inForce {
+		t.Fatal("an edit that names no platform replaced the config in force")
+	}
+	if _, problems := store.Rejected(); len(problems.Errors()) != 1 {
+		t.Fatalf("Rejected() problems = %s, want the one fatal error", problems.Summary())
 	}
 
 	// The fix removes s390x-2 and raises s390x-1.
-	cm.Data = hostData("s390x-1")
+	cm = broken
+	cm.Data = armData(hostData("s390x-1"))
 	cm.Data["host.s390x-1.concurrency"] = "3"
 	if err := cp.Client.Update(ctx, cm); err != nil {
 		t.Fatal(err)

@@ -59,14 +59,10 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 	platform := platformOf(tr)
 	cfg := r.Config.Config()
 	if cfg == nil {
-		rejected, problems := r.Config.Rejected()
 		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
-		if rejected != nil && len(rejected.Broken(config.Platform(platform))) > 0 {
-			msg = fmt.Sprintf("the host configuration for platform %s is invalid (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
-				platform, rejected.Broken(config.Platform(platform)).Summary(), contract.ConfigLabel, r.Namespace)
-		} else if rejected != nil {
-			msg = fmt.Sprintf("berth's host configuration is invalid (%d error(s), e.g. %s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
-				len(problems.Errors()), problems.Errors()[0].String(), contract.ConfigLabel, r.Namespace)
+		if rejected, _ := r.Config.Rejected(); rejected != nil {
+			msg = fmt.Sprintf("berth's host configuration cannot be used at all (%s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
+				rejected.Fatal().Summary(), contract.ConfigLabel, r.Namespace)
 		}
 		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", msg)
 	}
@@ -75,15 +71,14 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 			"namespace %s may not use multi-platform builds (platform %s): it is not in allowed-namespaces of berth's host configuration. Ask the platform team to allow it.", tr.Namespace, platform))
 	}
 	strategy, known := cfg.Strategy(config.Platform(platform))
-	switch {
+	switch broken := cfg.Broken(config.Platform(platform)); {
 	case !known:
-		if rejected, _ := r.Config.Rejected(); rejected != nil && len(rejected.Broken(config.Platform(platform))) > 0 {
-			return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", fmt.Sprintf(
-				"platform %s was added to berth's host configuration with errors, so berth does not serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
-				platform, rejected.Broken(config.Platform(platform)).Summary(), contract.ConfigLabel, r.Namespace))
-		}
 		return reconcile.Result{}, r.fail(ctx, tr, "UnknownPlatform", fmt.Sprintf(
-			"platform %q is not configured: berth knows %s. Fix the PLATFORM param of the task, or ask the platform team to add the platform.", platform, knownPlatforms(cfg)))
+			"platform %q is not configured: berth serves %s. Fix the PLATFORM param of the task, or ask the platform team to add the platform.", platform, knownPlatforms(cfg)))
+	case len(broken) > 0:
+		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", fmt.Sprintf(
+			"the host configuration of platform %s is broken, so berth cannot serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
+			platform, broken.Summary(), contract.ConfigLabel, r.Namespace))
 	case strategy == config.StrategyLocal:
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	case strategy == config.StrategyStatic:
@@ -95,10 +90,9 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 
 func knownPlatforms(cfg *config.Config) string {
 	var names []string
-	for p := range cfg.Platforms {
+	for _, p := range cfg.UsablePlatforms() {
 		names = append(names, string(p))
 	}
-	slices.Sort(names)
 	if len(names) == 0 {
 		return "none"
 	}
