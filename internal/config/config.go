@@ -38,6 +38,9 @@ type Config struct {
 	// platform (berth's own key, max-tasks-per-namespace), so that one tenant cannot hold
 	// every slot.
 	MaxTasksPerNamespace int
+	// UserKeyType is the algorithm of the keys berth makes for build users (berth's own key,
+	// user-key-type); DefaultKeyType unless set.
+	UserKeyType KeyType
 
 	// broken holds, per platform, the errors in its settings. A config with errors never
 	// replaces a good one; this lets a controller that has no good config yet tell each task

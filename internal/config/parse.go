@@ -123,6 +123,7 @@ func (p *parser) parseGlobals() {
 			p.errorf("max-tasks-per-namespace", "empty; write a number, or remove the key for no limit")
 		}
 	}
+	p.parseUserKeyType()
 	for _, ns := range splitList(p.data["allowed-namespaces"]) {
 		re, err := regexp.Compile("^(?:" + ns + ")$")
 		if err != nil {
