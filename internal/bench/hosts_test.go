@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/remote"
@@ -22,7 +23,7 @@ func TestSimulatedHostsAnswerBerthsHostCommands(t *testing.T) {
 	defer fleet.Close()
 	h := fleet.Servers[0]
 	target := remote.Target{Address: h.Address, User: "root", Signer: fleet.AdminKey, HostKeys: remote.Pinned{Key: h.HostKey}}
-	_, authorized, err := hostops.NewKey("bench")
+	_, authorized, err := hostops.NewKey(config.DefaultKeyType, "bench")
 	if err != nil {
 		t.Fatal(err)
 	}

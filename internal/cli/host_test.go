@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
@@ -55,7 +56,7 @@ type buildUser struct {
 
 func newBuildUser(t *testing.T, uid string) buildUser {
 	t.Helper()
-	private, authorized, err := hostops.NewKey("test")
+	private, authorized, err := hostops.NewKey(config.DefaultKeyType, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,9 @@ type Config struct {
 	// platform (berth's own key, max-tasks-per-namespace), so that one tenant cannot hold
 	// every slot.
 	MaxTasksPerNamespace int
+	// UserKeyType is the algorithm of the keys berth makes for build users (berth's own key,
+	// user-key-type); DefaultKeyType unless set.
+	UserKeyType KeyType
 
 	// broken holds, per platform, the errors that make it unusable: its tasks get an error
 	// secret that names them, and on a reload the platform keeps its last good settings.

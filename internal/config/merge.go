@@ -88,6 +88,10 @@ func Merge(prev, next *Config) (*Config, []Kept) {
 		out.MaxTasksPerNamespace = prev.MaxTasksPerNamespace
 		kept = append(kept, Kept{Key: "max-tasks-per-namespace", Problems: next.problemsOf("max-tasks-per-namespace")})
 	}
+	if next.badGlobal[userKeyTypeKey] {
+		out.UserKeyType = prev.UserKeyType
+		kept = append(kept, Kept{Key: userKeyTypeKey, Problems: next.problemsOf(userKeyTypeKey)})
+	}
 	return &out, kept
 }
 

@@ -147,6 +147,7 @@ func (p *parser) parseGlobals() {
 				func(msg string) { p.globalErrorf("max-tasks-per-namespace", "%s", msg) })
 		}
 	}
+	p.parseUserKeyType()
 	p.parseAllowedNamespaces()
 }
 

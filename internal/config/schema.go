@@ -29,6 +29,8 @@ var globalKeys = map[string]field{
 	"allowed-namespaces":       {kind: kindString},
 	// berth's own: how many tasks one namespace may run at once on each platform.
 	"max-tasks-per-namespace": {kind: kindInt},
+	// berth's own: the algorithm of the build users' keys (keytype.go).
+	"user-key-type": {kind: kindString},
 }
 
 // hostKeys are the fields of host.<name>.<field>.

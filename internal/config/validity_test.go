@@ -81,7 +81,7 @@ func TestABadNamespacePatternNeverOpensTheList(t *testing.T) {
 }
 
 func TestMergeKeepsLastGoodPerPlatformAndHost(t *testing.T) {
-	prev, problems := Parse(with(map[string]string{"max-tasks-per-namespace": "5"}))
+	prev, problems := Parse(with(map[string]string{"max-tasks-per-namespace": "5", "user-key-type": "ecdsa-p256"}))
 	if problems.HasErrors() {
 		t.Fatal(problems.Summary())
 	}
@@ -91,6 +91,7 @@ func TestMergeKeepsLastGoodPerPlatformAndHost(t *testing.T) {
 		"host.s390x-1.concurrency":            "lots",         // breaks one host
 		"host.s390x-2.concurrency":            "3",            // a good edit
 		"max-tasks-per-namespace":             "-1",           // a bad global
+		"user-key-type":                       "rsa",          // another
 		"local-platforms":                     "linux/x86_64", // "local" removed on purpose
 	}))
 	cfg, kept := Merge(prev, next)
@@ -107,8 +108,8 @@ func TestMergeKeepsLastGoodPerPlatformAndHost(t *testing.T) {
 	if h := cfg.Host("s390x-2"); h == nil || h.Concurrency != 3 {
 		t.Errorf("s390x-2 must take the edit (3): %+v", h)
 	}
-	if cfg.MaxTasksPerNamespace != 5 {
-		t.Errorf("max-tasks-per-namespace = %d, want the last good 5", cfg.MaxTasksPerNamespace)
+	if cfg.MaxTasksPerNamespace != 5 || cfg.UserKeyType != KeyTypeECDSAP256 {
+		t.Errorf("max-tasks-per-namespace = %d, user-key-type %s; want the last good 5 and ecdsa-p256", cfg.MaxTasksPerNamespace, cfg.UserKeyType)
 	}
 	if _, ok := cfg.Strategy("local"); ok {
 		t.Error("a platform the edit removed must be gone")
@@ -117,7 +118,7 @@ func TestMergeKeepsLastGoodPerPlatformAndHost(t *testing.T) {
 	for _, k := range kept {
 		what = append(what, k.What()+"="+k.Problems[0].Key)
 	}
-	want := "platform linux/arm64=dynamic.linux-arm64.max-instances host s390x-1=host.s390x-1.concurrency max-tasks-per-namespace=max-tasks-per-namespace"
+	want := "platform linux/arm64=dynamic.linux-arm64.max-instances host s390x-1=host.s390x-1.concurrency max-tasks-per-namespace=max-tasks-per-namespace user-key-type=user-key-type"
 	if got := strings.Join(what, " "); got != want {
 		t.Errorf("kept\n got %s\nwant %s", got, want)
 	}

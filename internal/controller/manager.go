@@ -17,6 +17,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/hostkeys"
@@ -55,6 +56,11 @@ type Options struct {
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
 }
+
+// keyStockSize is how many RSA keys the controller keeps made ahead when the config asks for
+// rsa-3072: a burst of that many tasks finds its keys ready (refilling takes a few hundred
+// milliseconds of CPU per key).
+const keyStockSize = 16
 
 // DefaultOptions are what a platform team gets without flags.
 func DefaultOptions() Options {
@@ -101,9 +107,12 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := watcher.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
+	// RSA keys are made ahead, off the reconcile that reserves a slot (see KeyStock).
+	keys := hostops.NewKeyStock(keyStockSize)
+	store.OnChange(func(cfg *config.Config) { keys.Prepare(cfg.UserKeyType) })
 	reconciler := &taskrun.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
-		Ledger: allocation.New(), Recorder: recorder, NewKey: hostops.NewKey,
+		Ledger: allocation.New(), Recorder: recorder, NewKey: keys.NewKey,
 		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
 	}
 	if o.HostCheckInterval > 0 {

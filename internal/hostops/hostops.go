@@ -5,15 +5,10 @@ package hostops
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"regexp"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/berth-ci/berth/internal/remote"
 )
@@ -71,23 +66,6 @@ func asRoot(target remote.Target, script string, args ...string) (string, error)
 		return remote.Script(script, args...)
 	}
 	return remote.Command(append([]string{"sudo", "-n", "sh", "-c", script, "berth"}, args...)...)
-}
-
-// newKey makes an ed25519 key pair: the OpenSSH private key and the authorized_keys line.
-func newKey(comment string) (private, authorized []byte, err error) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	block, err := ssh.MarshalPrivateKey(priv, comment)
-	if err != nil {
-		return nil, nil, err
-	}
-	sshPub, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pem.EncodeToMemory(block), ssh.MarshalAuthorizedKey(sshPub), nil
 }
 
 func truncate(s string) string {

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/remote"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
@@ -74,7 +75,12 @@ type keyed struct {
 
 func newBuilt(t *testing.T, user string) *keyed {
 	t.Helper()
-	private, authorized, err := NewKey(user)
+	return newBuiltWith(t, user, config.DefaultKeyType)
+}
+
+func newBuiltWith(t *testing.T, user string, kt config.KeyType) *keyed {
+	t.Helper()
+	private, authorized, err := NewKey(kt, user)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,6 +133,3 @@ func buildDir(t remote.Target, user string, out []byte) (string, error) {
 	}
 	return home + "/build", nil
 }
-
-// NewKey makes a build user's key pair: the OpenSSH private key and the authorized_keys line.
-func NewKey(comment string) (private, authorized []byte, err error) { return newKey(comment) }

@@ -24,14 +24,15 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/provision"
 )
 
-// KeyPair makes a fresh key pair for one build user: the OpenSSH private key (for the task's
-// secret) and the authorized_keys line (the only part that reaches the host).
-type KeyPair func(comment string) (private, authorized []byte, err error)
+// KeyPair makes a fresh key pair of type kt for one build user: the OpenSSH private key (for
+// the task's secret) and the authorized_keys line (the only part that reaches the host).
+type KeyPair func(kt config.KeyType, comment string) (private, authorized []byte, err error)
 
 // Reconciler reconciles user TaskRuns and the records that serve them.
 type Reconciler struct {

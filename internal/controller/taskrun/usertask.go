@@ -131,7 +131,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 		r.wake(r.Ledger.Release(task))
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
-	private, authorized, err := r.NewKey(tr.Namespace + "/" + tr.Name)
+	private, authorized, err := r.NewKey(r.keyType(), tr.Namespace+"/"+tr.Name)
 	if err != nil {
 		r.wake(r.Ledger.Release(task))
 		return reconcile.Result{}, err
@@ -162,6 +162,14 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 }
 
 type keyPair struct{ private, authorized []byte }
+
+// keyType is the type of the keys build users get now: the config in force decides.
+func (r *Reconciler) keyType() config.KeyType {
+	if cfg := r.Config.Config(); cfg != nil && cfg.UserKeyType != "" {
+		return cfg.UserKeyType
+	}
+	return config.DefaultKeyType
+}
 
 func keyID(rec *berthv1.Allocation) string {
 	return string(rec.Spec.TaskRun.UID) + "/" + strconv.Itoa(rec.Status.Attempt)
@@ -239,7 +247,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, why string) (reconcile.Result, error) {
 	next := rec.DeepCopy()
 	next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser})
-	private, authorized, err := r.NewKey(tr.Namespace + "/" + tr.Name)
+	private, authorized, err := r.NewKey(r.keyType(), tr.Namespace+"/"+tr.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
