@@ -174,6 +174,10 @@ func (h *Host) prepareFiles(ctx context.Context) error {
 		}
 	}
 
+	if err := os.WriteFile(filepath.Join(h.Dir, podmanStandInFile), podmanStandIn, 0o755); err != nil {
+		return err
+	}
+
 	hostKey, err := h.writeHostKey()
 	if err != nil {
 		return err
@@ -280,8 +284,9 @@ for e in /var/lib/*; do
 	if [ -d "$e" ]; then mkdir -p "varlib/$n"; else : > "varlib/$n"; fi
 	mount --bind "$e" "varlib/$n"
 done
-mount --bind varlib /var/lib
+mount --rbind varlib /var/lib
 `)
+	b.WriteString(localBinScript)
 	for _, m := range privateMounts {
 		if _, err := os.Stat(filepath.Join(h.Dir, m.source)); err != nil {
 			continue

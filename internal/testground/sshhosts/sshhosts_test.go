@@ -419,7 +419,7 @@ func TestVarLibBerthIsPrivateToEachHost(t *testing.T) {
 	if _, err := os.Stat("/var/lib/berth"); !os.IsNotExist(err) {
 		t.Fatalf("/var/lib/berth appeared on this machine (stat: %v)", err)
 	}
-	if out, err := f.Hosts[0].Run(ctx, "test -d /var/lib/dpkg && echo shared"); err != nil || strings.TrimSpace(out) != "shared" {
+	if out, err := f.Hosts[0].Run(ctx, "test -s /var/lib/dpkg/status && echo shared"); err != nil || strings.TrimSpace(out) != "shared" {
 		t.Fatalf("the rest of /var/lib must stay visible on hosts: %q %v", out, err)
 	}
 }
