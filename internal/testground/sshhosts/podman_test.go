@@ -183,6 +183,18 @@ func TestPodmanStandInBuildsAsTheUser(t *testing.T) {
 	if log := read("podman-standin.log"); !strings.Contains(log, "as standin (uid ") {
 		t.Errorf("the stand-in's log: %q", log)
 	}
+
+	// The layout is one buildah takes, as the 0.10 Task's `buildah pull oci:...` does.
+	pull, err := remote.Script(`set -e
+s=$(mktemp -d)
+trap 'buildah unshare rm -rf "$s"' EXIT
+buildah --storage-driver vfs --root "$s/root" --runroot "$s/run" pull --quiet "oci:$1/volumes/shared/app-v1.oci:$2"`, dir, "registry.test/berth/app:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.RunAs(ctx, "standin", f.AdminSigner, pull); err != nil || len(strings.TrimSpace(out)) != 64 {
+		t.Fatalf("buildah pull of the layout: %q, %v", out, err)
+	}
 }
 
 func TestPodmanStandInRefusesWrongInvocations(t *testing.T) {
