@@ -3,8 +3,8 @@
 // Package sshhosts starts real OpenSSH servers on this machine for tests to use as remote
 // hosts. Each host is an sshd in namespaces of its own: a network namespace with its own
 // address in 198.18.0.0/15, a mount namespace whose /etc, /home, /root, /tmp, /var/tmp,
-// /var/log, /var/mail and /run are private directories (so useradd on a host never touches
-// this machine's accounts), and a PID namespace (so pkill on a host never reaches another
+// /var/log, /var/mail, /var/lib and /run are private directories (so useradd on a host never
+// touches this machine's accounts), and a PID namespace (so pkill on a host never reaches another
 // host's processes or this machine's). root logs in with the fleet's admin key. Every host can
 // take a remote build as the buildah-remote Tasks send it: rsync, and a podman stand-in that
 // builds a real image (see PodmanPath).

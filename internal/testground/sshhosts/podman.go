@@ -3,9 +3,11 @@
 package sshhosts
 
 import (
+	"bytes"
 	_ "embed"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 )
 
@@ -53,6 +55,14 @@ func BuildPrerequisites() error {
 	} {
 		if _, err := exec.LookPath(tool.name); err != nil {
 			missing = append(missing, fmt.Errorf("%s is missing: `make prereqs` installs it, or apt-get install -y %s", tool.name, tool.pkg))
+		}
+	}
+	if len(missing) == 0 && os.Geteuid() == 0 {
+		// The stand-in builds rootless, which needs an unprivileged process to be allowed a
+		// user namespace; some kernels and security modules forbid it.
+		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "--user", "true").CombinedOutput()
+		if err != nil {
+			missing = append(missing, fmt.Errorf("an unprivileged user may not create a user namespace here (%v: %s), and the podman stand-in builds rootless as the build user: allow it (sysctl kernel.unprivileged_userns_clone=1, or user.max_user_namespaces > 0)", err, bytes.TrimSpace(out)))
 		}
 	}
 	if len(missing) > 0 {
