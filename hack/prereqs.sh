@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what berth's tests and dev stack need beyond Go: OpenSSH's server (the real sshd of
 # the test hosts), sudo (hosts grant exact sudo rights), iproute2 and util-linux (network and
-# mount namespaces). As root it installs what is missing with apt; otherwise it says what is
+# mount namespaces), and for remote builds as the buildah-remote Tasks make them, rsync (both
+# ends) and buildah with uidmap (the test hosts' podman stand-in builds real images with it,
+# rootless). As root it installs what is missing with apt; otherwise it says what is
 # missing. With CI=true anything still missing is an error, so CI never skips those tests.
 set -euo pipefail
 need=()
@@ -10,6 +12,9 @@ command -v sudo >/dev/null || need+=(sudo)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
+command -v rsync >/dev/null || need+=(rsync)
+command -v buildah >/dev/null || need+=(buildah)
+command -v newuidmap >/dev/null || need+=(uidmap)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -3,12 +3,15 @@
 // Package sshhosts starts real OpenSSH servers on this machine for tests to use as remote
 // hosts. Each host is an sshd in namespaces of its own: a network namespace with its own
 // address in 198.18.0.0/15, a mount namespace whose /etc, /home, /root, /tmp, /var/tmp,
-// /var/log, /var/mail and /run are private directories (so useradd on a host never touches
-// this machine's accounts), and a PID namespace (so pkill on a host never reaches another
-// host's processes or this machine's). root logs in with the fleet's admin key.
+// /var/log, /var/mail, /var/lib and /run are private directories (so useradd on a host never
+// touches this machine's accounts), and a PID namespace (so pkill on a host never reaches another
+// host's processes or this machine's). root logs in with the fleet's admin key. Every host can
+// take a remote build as the buildah-remote Tasks send it: rsync, and a podman stand-in that
+// builds a real image (see PodmanPath).
 //
 // It needs root, /usr/sbin/sshd (Debian's openssh-server, which `make test` installs),
-// iproute2 and util-linux; see Prerequisites.
+// iproute2 and util-linux; see Prerequisites. A remote build also needs rsync and buildah;
+// see BuildPrerequisites.
 package sshhosts
 
 import (

@@ -174,6 +174,10 @@ func (h *Host) prepareFiles(ctx context.Context) error {
 		}
 	}
 
+	if err := os.WriteFile(filepath.Join(h.Dir, podmanStandInFile), podmanStandIn, 0o755); err != nil {
+		return err
+	}
+
 	hostKey, err := h.writeHostKey()
 	if err != nil {
 		return err
@@ -269,19 +273,20 @@ func (h *Host) launchScript() string {
 	b.WriteString("set -e\n")
 	fmt.Fprintf(&b, "hostname %s\n", h.Name)
 	b.WriteString("mount --bind etc /etc\n")
-	// berth keeps its own state under /var/lib/berth. The rest of /var/lib stays this
-	// machine's: each entry is bind-mounted into a private /var/lib that adds an empty berth
-	// directory, all inside the host's mount namespace, so the machine itself is untouched.
+	// berth keeps its own state under /var/lib/berth, and a host's root may write anywhere
+	// in /var/lib (sudo's lecture marks, a rootful podman's image store), so the host's
+	// /var/lib is private: an empty berth directory and an empty stand-in of each of this
+	// machine's entries, so the usual layout is there and nothing reaches this machine.
 	b.WriteString(`mkdir -p varlib/berth
 for e in /var/lib/*; do
 	[ -e "$e" ] || continue
 	n=${e##*/}
 	[ "$n" = berth ] && continue
 	if [ -d "$e" ]; then mkdir -p "varlib/$n"; else : > "varlib/$n"; fi
-	mount --bind "$e" "varlib/$n"
 done
 mount --bind varlib /var/lib
 `)
+	b.WriteString(localBinScript)
 	for _, m := range privateMounts {
 		if _, err := os.Stat(filepath.Join(h.Dir, m.source)); err != nil {
 			continue

@@ -419,7 +419,15 @@ func TestVarLibBerthIsPrivateToEachHost(t *testing.T) {
 	if _, err := os.Stat("/var/lib/berth"); !os.IsNotExist(err) {
 		t.Fatalf("/var/lib/berth appeared on this machine (stat: %v)", err)
 	}
-	if out, err := f.Hosts[0].Run(ctx, "test -d /var/lib/dpkg && echo shared"); err != nil || strings.TrimSpace(out) != "shared" {
-		t.Fatalf("the rest of /var/lib must stay visible on hosts: %q %v", out, err)
+	if out, err := f.Hosts[0].Run(ctx, "test -d /var/lib/dpkg && echo there"); err != nil || strings.TrimSpace(out) != "there" {
+		t.Fatalf("the layout of /var/lib must be there on hosts: %q %v", out, err)
+	}
+	// Nothing a host writes elsewhere in /var/lib reaches this machine either.
+	if _, err := f.Hosts[0].Run(ctx, "echo host > /var/lib/dpkg/berth-host-probe"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/var/lib/dpkg/berth-host-probe"); !os.IsNotExist(err) {
+		os.Remove("/var/lib/dpkg/berth-host-probe")
+		t.Fatalf("a host's write to /var/lib/dpkg reached this machine (stat: %v)", err)
 	}
 }
