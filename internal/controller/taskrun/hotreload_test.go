@@ -15,9 +15,12 @@ import (
 // Event names the broken key), fails only the new platform's tasks with an error secret naming
 // its key, and serves the local platform as before.
 func TestHotReloadIsJudgedPerPlatform(t *testing.T) {
-	applyConfig(t, 2, nil)
+	// A config of its own, so that the controller running now is known to have put it in force
+	// (an earlier one may have been applied by a controller since restarted): the edit below
+	// must find it as the last good one.
+	applyConfig(t, 2, map[string]string{"instance-tag": "hot-reload"})
 	defer applyConfig(t, 2, nil)
-	broken := map[string]string{"dynamic-platforms": "linux/riscv64"}
+	broken := map[string]string{"dynamic-platforms": "linux/riscv64", "instance-tag": "hot-reload"}
 	for _, h := range stack.Fleet.Hosts {
 		broken["host."+h.Name+".concurrency"] = "two"
 	}
