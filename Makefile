@@ -18,7 +18,7 @@ CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.2
 generate:
 	$(CONTROLLER_GEN) object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=config/crd/bases
 
-## testbin: build kube-apiserver and etcd into bin/k8s/<version> (no-op when present)
+## testbin: build kube-apiserver, etcd and kube-controller-manager into bin/k8s/<version> (no-op when present)
 testbin:
 	@hack/testbin.sh >/dev/null
 

@@ -1,5 +1,6 @@
 // Package devstack brings up berth's local stack for `berth dev` (`make run`): a real
-// kube-apiserver and etcd with Tekton's CRDs, real SSH hosts in their own network namespaces,
+// kube-apiserver and etcd with Tekton's CRDs (and kube-controller-manager's garbage collector
+// and namespace controller), real SSH hosts in their own network namespaces,
 // and the Tekton stand-in that runs TaskRuns. Everything it starts, Down stops; what a killed
 // run leaves behind, the next Up clears.
 package devstack
@@ -46,6 +47,9 @@ type Options struct {
 	RunScripts func(*pipelinev1.TaskRun) bool
 	// StepOutput, if set, receives the output of the step scripts the stand-in runs.
 	StepOutput io.Writer
+	// WithoutGarbageCollector runs no kube-controller-manager: for tests that show berth
+	// cleans up after itself on a cluster where owner references are not followed.
+	WithoutGarbageCollector bool
 }
 
 // Stack is a running local stack.
@@ -87,7 +91,11 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		}
 	}()
 
-	if s.ControlPlane, err = controlplane.Start(); err != nil {
+	var cpOpts []controlplane.Option
+	if opts.WithoutGarbageCollector {
+		cpOpts = append(cpOpts, controlplane.WithoutGarbageCollector())
+	}
+	if s.ControlPlane, err = controlplane.Start(cpOpts...); err != nil {
 		return s, err
 	}
 	s.KubeConfigPath = filepath.Join(stateDir, "kubeconfig")
@@ -235,6 +243,9 @@ func (s *Stack) Down() error {
 func (s *Stack) Describe(w io.Writer) {
 	fmt.Fprintf(w, "berth dev stack is up.\n\n")
 	fmt.Fprintf(w, "  control plane  kube-apiserver v%s + etcd at %s, Tekton CRDs installed\n", controlplane.KubernetesVersion, s.ControlPlane.Config.Host)
+	if s.ControlPlane.CollectsGarbage() {
+		fmt.Fprintf(w, "                 kube-controller-manager: garbage collector and namespace controller\n")
+	}
 	fmt.Fprintf(w, "                 export KUBECONFIG=%s\n", s.KubeConfigPath)
 	fmt.Fprintf(w, "                 kubectl get crd\n")
 	if s.Fleet != nil {

@@ -22,7 +22,10 @@ const (
 // Name is the secret a TaskRun mounts.
 func Name(taskRun string) string { return Prefix + taskRun }
 
-// Owner is the user TaskRun the secret belongs to; the secret goes when it goes.
+// Owner is the user TaskRun the secret belongs to. berth deletes the secret itself when the
+// TaskRun ends or goes; the owner reference is for a garbage collector to catch what berth
+// could not (berth uninstalled while the TaskRun went), and tells berth which TaskRun it wrote
+// the secret for.
 type Owner struct {
 	Name, Namespace string
 	UID             types.UID

@@ -108,8 +108,11 @@ func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
 	}
 
 	children := descendants(dev.Process.Pid)
-	if len(children) < 3 {
-		t.Fatalf("expected etcd, kube-apiserver and an sshd under berth dev, found pids %v", children)
+	if len(children) < 4 {
+		t.Fatalf("expected etcd, kube-apiserver, kube-controller-manager and an sshd under berth dev, found pids %v", children)
+	}
+	if !runsBinary(children, "kube-controller-manager") {
+		t.Fatalf("no kube-controller-manager under berth dev: owner references would never be followed there, nor deleted namespaces go")
 	}
 	if !strings.Contains(readFile(t, "/proc/self/mountinfo"), hostName) {
 		t.Fatalf("the host's network namespace is not mounted under /run/netns")
@@ -179,6 +182,16 @@ func sshRun(t *testing.T, keyPath, knownHostsPath, address, command string) stri
 		t.Fatalf("%s on %s: %v", command, address, err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// runsBinary tells whether one of the processes runs an executable of that name.
+func runsBinary(pids []int, name string) bool {
+	for _, pid := range pids {
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && filepath.Base(exe) == name {
+			return true
+		}
+	}
+	return false
 }
 
 // descendants lists every process below pid.

@@ -123,6 +123,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil && !apierrors.IsNotFound(err):
 		return reconcile.Result{}, err
 	}
+	// got.UID is empty when no TaskRun has the name.
+	if err := r.dropStaleSecret(ctx, req.NamespacedName, got.UID); err != nil {
+		var o outcomes
+		o.add(reconcile.Result{}, err)
+		return o.result()
+	}
 	records, err := r.recordsOf(ctx, req.NamespacedName)
 	if err != nil {
 		return reconcile.Result{}, err

@@ -576,6 +576,44 @@ func (r *Reconciler) deleteSecret(ctx context.Context, namespace, name string, u
 	return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
 }
 
+// dropStaleSecret deletes the secret berth wrote under this name for a TaskRun that is gone:
+// one deleted without berth's finalizer (a local or error answer holds none), or replaced by a
+// new TaskRun of the same name (current, "" if none). Also one deleted while berth was down:
+// every secret of berth's reaches this on start.
+// The owner reference would let a garbage collector do this, some time later; berth does not
+// count on one running, and a stale secret would stand in the way of the new TaskRun's answer.
+// A secret berth did not write is never touched.
+func (r *Reconciler) dropStaleSecret(ctx context.Context, key types.NamespacedName, current types.UID) error {
+	s, err := r.secretOf(ctx, key.Namespace, key.Name)
+	if err != nil || s == nil || s.Labels[contract.SecretLabel] != "true" || ownedBy(s, current) {
+		return err
+	}
+	writtenFor := taskRunOwner(s, key.Name)
+	if writtenFor == "" {
+		return nil
+	}
+	// The cache may lag behind the apiserver: ask it before deleting a task's only way to start.
+	var live metav1.PartialObjectMetadata
+	live.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
+	switch err := r.APIReader.Get(ctx, key, &live); {
+	case err == nil && live.UID == writtenFor:
+		return errStale
+	case err != nil && !apierrors.IsNotFound(err):
+		return err
+	}
+	return r.deleteSecret(ctx, key.Namespace, key.Name, writtenFor)
+}
+
+// taskRunOwner is the UID of the TaskRun named name that owns the secret ("" if none does).
+func taskRunOwner(s *corev1.Secret, name string) types.UID {
+	for _, o := range s.OwnerReferences {
+		if o.Kind == "TaskRun" && o.Name == name {
+			return o.UID
+		}
+	}
+	return ""
+}
+
 // ownedBy tells a secret berth wrote for the TaskRun with this UID: its label and its owner.
 func ownedBy(s *corev1.Secret, uid types.UID) bool {
 	if s.Labels[contract.SecretLabel] != "true" {

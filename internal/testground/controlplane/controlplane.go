@@ -1,6 +1,8 @@
 // Package controlplane runs a real kube-apiserver and etcd, built by `make testbin`, with
-// Tekton's CRDs installed from the Tekton module berth is built against. Tests share one per
-// package (see RunTests); `berth dev` runs one for the local stack.
+// Tekton's CRDs installed from the Tekton module berth is built against, and beside them
+// kube-controller-manager's garbage collector and namespace controller, so that owner
+// references and namespace deletion work as on a real cluster. Tests share one per package
+// (see RunTests); `berth dev` runs one for the local stack.
 package controlplane
 
 import (
@@ -33,7 +35,8 @@ const (
 	tektonPath = "github.com/tektoncd/pipeline"
 )
 
-// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs and berth's own.
+// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs and berth's own, and
+// (unless started WithoutGarbageCollector) kube-controller-manager.
 type ControlPlane struct {
 	// Config reaches the apiserver as a cluster admin.
 	Config *rest.Config
@@ -43,14 +46,32 @@ type ControlPlane struct {
 	KubeConfig []byte
 
 	env    *envtest.Environment
+	kcm    *controllerManager // nil without a garbage collector
 	ledger string
+}
+
+// Option shapes a control plane.
+type Option func(*options)
+
+type options struct{ withoutGarbageCollector bool }
+
+// WithoutGarbageCollector starts no kube-controller-manager, as on a bare apiserver: owner
+// references are never followed and a deleted namespace stays Terminating. For the tests that
+// show berth cleans up after itself instead of counting on a garbage collector.
+func WithoutGarbageCollector() Option {
+	return func(o *options) { o.withoutGarbageCollector = true }
 }
 
 // Scheme is berth's scheme; see kubescheme.
 func Scheme() *runtime.Scheme { return kubescheme.New() }
 
-// Start brings up a control plane and waits until it serves the default namespace.
-func Start() (*ControlPlane, error) {
+// Start brings up a control plane and waits until it serves the default namespace. It does not
+// wait for the garbage collector to sync (see startControllerManager).
+func Start(opts ...Option) (*ControlPlane, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	bins, err := BinaryDir()
 	if err != nil {
 		return nil, err
@@ -86,23 +107,38 @@ func Start() (*ControlPlane, error) {
 		_ = env.Stop()
 		return nil, fmt.Errorf("building a client for the test control plane: %w", err)
 	}
-	ledger, err := recordChildren(bins)
-	if err != nil {
-		_ = env.Stop()
+	cp := &ControlPlane{Config: cfg, Client: c, KubeConfig: env.KubeConfig, env: env}
+	if !o.withoutGarbageCollector {
+		if cp.kcm, err = startControllerManager(bins, env.KubeConfig); err != nil {
+			_ = env.Stop()
+			return nil, err
+		}
+	}
+	// Recorded after every process has started, so that a killed owner leaves none unreaped.
+	if cp.ledger, err = recordChildren(bins); err != nil {
+		_ = cp.Stop()
 		return nil, fmt.Errorf("recording the control plane's processes: %w", err)
 	}
-	return &ControlPlane{Config: cfg, Client: c, KubeConfig: env.KubeConfig, env: env, ledger: ledger}, nil
+	return cp, nil
 }
 
-// Stop stops kube-apiserver, then etcd, and removes their data.
+// CollectsGarbage tells whether kube-controller-manager runs beside the apiserver.
+func (cp *ControlPlane) CollectsGarbage() bool { return cp.kcm != nil }
+
+// Stop stops kube-controller-manager (a client of the apiserver, so first), then
+// kube-apiserver, then etcd, and removes their data.
 func (cp *ControlPlane) Stop() error {
+	var errs []error
+	if cp.kcm != nil {
+		errs = append(errs, cp.kcm.stop())
+	}
 	if err := cp.env.Stop(); err != nil {
-		return err
+		return errors.Join(append(errs, err)...)
 	}
 	if cp.ledger != "" {
-		return os.Remove(cp.ledger)
+		errs = append(errs, os.Remove(cp.ledger))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // ConfigFor returns a rest.Config that acts as the given ServiceAccount by impersonation, so a
@@ -127,8 +163,8 @@ func (cp *ControlPlane) EnsureNamespace(ctx context.Context, name string) error 
 	return nil
 }
 
-// BinaryDir finds kube-apiserver and etcd: KUBEBUILDER_ASSETS if set, else the repository's
-// bin/k8s/<KubernetesVersion>, where `make testbin` puts them.
+// BinaryDir finds kube-apiserver, etcd and kube-controller-manager: KUBEBUILDER_ASSETS if set,
+// else the repository's bin/k8s/<KubernetesVersion>, where `make testbin` puts them.
 func BinaryDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
@@ -143,14 +179,14 @@ func BinaryDir() (string, error) {
 		return "", err
 	}
 	var missing []string
-	for _, bin := range []string{"kube-apiserver", "etcd"} {
+	for _, bin := range []string{"kube-apiserver", "etcd", controllerManagerBinary} {
 		if st, err := os.Stat(filepath.Join(dir, bin)); err != nil || st.Mode()&0o111 == 0 {
 			missing = append(missing, bin)
 		}
 	}
 	if len(missing) > 0 {
-		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver and etcd v%s from the Go module proxy, ~3 minutes cold)",
-			strings.Join(missing, " and "), dir, KubernetesVersion)
+		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd and kube-controller-manager v%s from the Go module proxy, ~4 minutes cold; binaries already there are kept)",
+			strings.Join(missing, ", "), dir, KubernetesVersion)
 	}
 	return dir, nil
 }

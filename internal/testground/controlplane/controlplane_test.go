@@ -10,7 +10,9 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"knative.dev/pkg/apis"
 	duckv1 "knative.dev/pkg/apis/duck/v1"
@@ -102,5 +104,74 @@ func TestTektonCRDsAreServed(t *testing.T) {
 		if err := cp.Client.List(ctx, list); err != nil {
 			t.Errorf("listing %T: %v", list, err)
 		}
+	}
+}
+
+// gcPatience bounds the waits for kube-controller-manager; its controllers act within seconds
+// once they have synced, which takes a few seconds after the control plane starts.
+const gcPatience = time.Minute
+
+func eventuallyGone(t *testing.T, what string, obj client.Object) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, gcPatience, true, func(ctx context.Context) (bool, error) {
+		err := cp.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Fatalf("%s is still there after %s: %v", what, gcPatience, err)
+	}
+}
+
+func TestOwnerReferencesAreFollowed(t *testing.T) {
+	if !cp.CollectsGarbage() {
+		t.Fatal("the package's control plane runs no kube-controller-manager")
+	}
+	ctx := context.Background()
+	if err := cp.EnsureNamespace(ctx, "gc"); err != nil {
+		t.Fatal(err)
+	}
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "gc"}}
+	if err := cp.Client.Create(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	dependent := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "dependent", Namespace: "gc",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID}}}}
+	if err := cp.Client.Create(ctx, dependent); err != nil {
+		t.Fatal(err)
+	}
+	bystander := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "bystander", Namespace: "gc"}}
+	if err := cp.Client.Create(ctx, bystander); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Client.Delete(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyGone(t, "the ConfigMap whose owner was deleted", dependent)
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(bystander), bystander); err != nil {
+		t.Fatalf("a ConfigMap without owner went too: %v", err)
+	}
+}
+
+func TestDeletedNamespaceIsGone(t *testing.T) {
+	ctx := context.Background()
+	if err := cp.EnsureNamespace(ctx, "doomed"); err != nil {
+		t.Fatal(err)
+	}
+	tr := &pipelinev1.TaskRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "build", Namespace: "doomed"},
+		Spec:       pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "build", Image: "busybox", Script: "true"}}}},
+	}
+	if err := cp.Client.Create(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "doomed"}}
+	if err := cp.Client.Delete(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	// Only the namespace controller empties a namespace (custom resources included) and then
+	// removes it.
+	eventuallyGone(t, "the deleted namespace", ns)
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(tr), tr); !apierrors.IsNotFound(err) {
+		t.Fatalf("the TaskRun of the deleted namespace: %v, want not found", err)
 	}
 }

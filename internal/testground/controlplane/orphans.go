@@ -12,7 +12,7 @@ import (
 )
 
 // A control plane is owned by the process that started it (a test binary, `berth dev`). When
-// the owner is killed outright, its kube-apiserver and etcd live on. Each owner therefore
+// the owner is killed outright, its kube-apiserver, etcd and kube-controller-manager live on. Each owner therefore
 // records what it started in a ledger file; the next Start reaps what dead owners left.
 
 var ledgerDir = filepath.Join(os.TempDir(), "berth-controlplanes")
@@ -127,7 +127,8 @@ func startTime(pid int) string {
 	return f[19]
 }
 
-// tempDirsOf returns the envtest temporary directories named in a process's flags.
+// tempDirsOf returns the temporary directories named in a process's flags: envtest's, and the
+// one of kube-controller-manager's kubeconfig and log.
 func tempDirsOf(pid int) []string {
 	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 	if err != nil {
@@ -140,7 +141,8 @@ func tempDirsOf(pid int) []string {
 			continue
 		}
 		for p := value; p != "/" && p != "."; p = filepath.Dir(p) {
-			if strings.HasPrefix(filepath.Base(p), "k8s_test_framework_") && filepath.Dir(p) == os.TempDir() {
+			base := filepath.Base(p)
+			if (strings.HasPrefix(base, "k8s_test_framework_") || strings.HasPrefix(base, controllerManagerDirPrefix)) && filepath.Dir(p) == os.TempDir() {
 				dirs = append(dirs, p)
 				break
 			}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -84,7 +85,14 @@ func TestStartRecordsItsOwnControlPlane(t *testing.T) {
 	if err := json.Unmarshal(data, &l); err != nil {
 		t.Fatal(err)
 	}
-	if l.Owner != os.Getpid() || len(l.PIDs) != 2 {
-		t.Fatalf("ledger %+v, want owner %d with kube-apiserver and etcd", l, os.Getpid())
+	if l.Owner != os.Getpid() || len(l.PIDs) != 3 {
+		t.Fatalf("ledger %+v, want owner %d with kube-apiserver, etcd and kube-controller-manager", l, os.Getpid())
+	}
+	var kcmDir bool
+	for _, d := range l.Dirs {
+		kcmDir = kcmDir || strings.HasPrefix(filepath.Base(d), controllerManagerDirPrefix)
+	}
+	if !kcmDir {
+		t.Fatalf("ledger %+v does not name kube-controller-manager's directory: a killed owner would leave it behind", l)
 	}
 }
