@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what berth's tests and dev stack need beyond Go: OpenSSH's server (the real sshd of
 # the test hosts), sudo (hosts grant exact sudo rights), iproute2 and util-linux (network and
-# mount namespaces). As root it installs what is missing with apt; otherwise it says what is
-# missing. With CI=true anything still missing is an error, so CI never skips those tests.
+# mount namespaces), and what a build task's steps call in the Tekton stand-in, as their image
+# would have it: rsync, jq and buildah (the stand-in brings its own /usr/bin/retry). As root
+# it installs what is missing with apt; otherwise it says what is missing. With CI=true
+# anything still missing is an error, so CI never skips those tests.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -10,6 +12,9 @@ command -v sudo >/dev/null || need+=(sudo)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
+command -v rsync >/dev/null || need+=(rsync)
+command -v jq >/dev/null || need+=(jq)
+command -v buildah >/dev/null || need+=(buildah)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
