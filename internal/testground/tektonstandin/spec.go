@@ -87,8 +87,8 @@ const (
 )
 
 func unsupported(format string, args ...any) error {
-	return &runError{reason: ReasonUnsupported, message: unsupportedMessagePrefix + fmt.Sprintf(format, args...) +
-		" is not supported (see internal/testground/tektonstandin)"}
+	return &runError{reason: ReasonUnsupported, message: unsupportedMessagePrefix + "it uses " + fmt.Sprintf(format, args...) +
+		", which the stand-in does not implement (see internal/testground/tektonstandin)"}
 }
 
 func invalid(format string, args ...any) error {

@@ -56,9 +56,9 @@ type Executor func(ctx context.Context, tr *pipelinev1.TaskRun) (results map[str
 type Options struct {
 	// Scheme must know core and Tekton v1 types.
 	Scheme *runtime.Scheme
-	// RunScripts selects the TaskRuns without an executor whose step scripts run as local
-	// processes (nil: none; they end by Finish). It needs root: each step gets a private mount
-	// namespace for its volumes.
+	// RunScripts selects the TaskRuns without an executor whose steps run as local processes
+	// (nil: none; they end by Finish). It needs root: each step runs in a sandbox of its own
+	// mount and PID namespaces (see sandbox.go).
 	RunScripts func(*pipelinev1.TaskRun) bool
 	// WorkDir holds materialised volumes, results and step logs; a temporary directory if empty.
 	WorkDir string
