@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what berth's tests and dev stack need beyond Go: OpenSSH's server (the real sshd of
 # the test hosts), sudo (hosts grant exact sudo rights), iproute2 and util-linux (network and
-# mount namespaces), and for remote builds as the buildah-remote Tasks make them, rsync (both
-# ends) and buildah with uidmap (the test hosts' podman stand-in builds real images with it,
-# rootless). As root it installs what is missing with apt; otherwise it says what is
-# missing. With CI=true anything still missing is an error, so CI never skips those tests.
+# mount namespaces), and for remote builds as the buildah-remote Tasks make them: rsync (both
+# ends), jq and buildah (what a build task's steps call in the Tekton stand-in, as their image
+# would have it; the stand-in brings its own /usr/bin/retry), and uidmap (the test hosts'
+# podman stand-in builds real images with buildah, rootless). As root it installs what is
+# missing with apt; otherwise it says what is missing. With CI=true anything still missing is
+# an error, so CI never skips those tests.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -13,6 +15,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
 command -v rsync >/dev/null || need+=(rsync)
+command -v jq >/dev/null || need+=(jq)
 command -v buildah >/dev/null || need+=(buildah)
 command -v newuidmap >/dev/null || need+=(uidmap)
 if [ ${#need[@]} -eq 0 ]; then

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ func newDevCommand() *cobra.Command {
 	var (
 		once    bool
 		metrics string
+		apply   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -29,8 +31,10 @@ func newDevCommand() *cobra.Command {
 real SSH hosts (each an sshd in its own network and mount namespace), a Tekton stand-in that
 runs TaskRuns, and berth's controller with a sample host config: the hosts as static hosts of
 linux/s390x, and linux/amd64 as a local platform. It then runs the sample TaskRuns of
-config/samples, prints how to reach everything, and tears it all down on Ctrl-C.
-With --once it exits after the samples have finished, 0 if they succeeded.
+config/samples, applies the files given with --apply (your own Tasks and TaskRuns: a
+namespaced object without a namespace goes to "builds"), prints how to reach everything, and
+tears it all down on Ctrl-C. With --once it exits after the samples have finished, 0 if they
+succeeded.
 Needs the binaries of 'make testbin' and, for hosts and step scripts, root and openssh-server.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -46,7 +50,7 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 			if err != nil {
 				return err
 			}
-			err = runBerth(ctx, stack, metrics, once, out)
+			err = runBerth(ctx, stack, metrics, once, apply, out)
 			fmt.Fprintln(out, "\nstopping the dev stack ...")
 			// Teardown must finish even though the signal context is done.
 			if downErr := stack.Down(); downErr != nil {
@@ -60,15 +64,30 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
 	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics; 0 disables them")
+	cmd.Flags().StringArrayVar(&apply, "apply", nil, "a YAML file of objects to create once the stack is up, as kubectl apply -f would (repeatable)")
 	return cmd
 }
 
 // runBerth starts the controller with the sample config, runs the samples, and waits: for them
 // with --once, else for Ctrl-C.
-func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once bool, out io.Writer) error {
+func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once bool, apply []string, out io.Writer) error {
 	const ctrlC = "\nPress Ctrl-C to stop; everything above is torn down."
+	applyFiles := func() error {
+		if len(apply) == 0 {
+			return nil
+		}
+		objs, err := stack.ApplyFiles(ctx, apply...)
+		if err != nil {
+			return fmt.Errorf("--apply: %w", err)
+		}
+		fmt.Fprintf(out, "  applied        %s\n", strings.Join(objs, ", "))
+		return nil
+	}
 	if stack.Fleet == nil {
 		stack.Describe(out)
+		if err := applyFiles(); err != nil {
+			return err
+		}
 		fmt.Fprintln(out, ctrlC)
 		<-ctx.Done()
 		return nil
@@ -89,7 +108,11 @@ func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once b
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "  samples        %d TaskRuns in namespace %s: kubectl get taskruns -n %s\n\n", len(samples), devstack.SampleNamespace, devstack.SampleNamespace)
+	fmt.Fprintf(out, "  samples        %d TaskRuns in namespace %s: kubectl get taskruns -n %s\n", len(samples), devstack.SampleNamespace, devstack.SampleNamespace)
+	if err := applyFiles(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
 	summary, err := stack.WaitForSamples(ctx, samples, 3*time.Minute)
 	if summary != "" {
 		fmt.Fprintln(out, "berth dev: "+summary)

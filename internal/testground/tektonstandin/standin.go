@@ -6,17 +6,28 @@
 // object, and keeps Succeeded=Unknown while the run is in progress. A run then ends one of
 // three ways: an Executor registered for the command of its one step (berth's own Tasks run
 // `berth host ...`) runs Go code, the same code the real step runs; with RunScripts, a user
-// TaskRun's step scripts run as local processes once the Secrets its volumes mount exist; or
-// the caller ends it with Finish. Labels choose nothing, as in Tekton: a tenant's TaskRun
-// labelled like berth's internal ones runs as what it is.
+// TaskRun's steps run as local processes, each in a sandbox of its own (sandbox.go), once the
+// Secrets and ConfigMaps its pod needs exist; or the caller ends it with Finish. Labels choose
+// nothing, as in Tekton: a tenant's TaskRun labelled like berth's internal ones runs as what
+// it is.
+//
+// Steps see what Tekton gives them (spec.go): params with defaults, array params expanded in
+// args, $(context…), $(results…) and /tekton/results, $(workspaces…), stepTemplate env and
+// volume mounts, optional and projected volumes, the ServiceAccount's registry credentials in
+// $HOME/.docker, Tekton's default timeout of an hour. A TaskRun that uses a feature the
+// stand-in does not implement fails at once with reason StandInUnsupported and a message
+// naming the feature; none is left Running without a word.
 package tektonstandin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,9 +56,9 @@ type Executor func(ctx context.Context, tr *pipelinev1.TaskRun) (results map[str
 type Options struct {
 	// Scheme must know core and Tekton v1 types.
 	Scheme *runtime.Scheme
-	// RunScripts selects the TaskRuns without an executor whose step scripts run as local
-	// processes (nil: none; they end by Finish). It needs root: each step gets a private mount
-	// namespace for its volumes.
+	// RunScripts selects the TaskRuns without an executor whose steps run as local processes
+	// (nil: none; they end by Finish). It needs root: each step runs in a sandbox of its own
+	// mount and PID namespaces (see sandbox.go).
 	RunScripts func(*pipelinev1.TaskRun) bool
 	// WorkDir holds materialised volumes, results and step logs; a temporary directory if empty.
 	WorkDir string
@@ -64,7 +75,6 @@ type StandIn struct {
 	mu        sync.Mutex
 	executors map[string]Executor
 	running   map[types.NamespacedName]*run
-	mounts    *mountPoints
 }
 
 type run struct {
@@ -78,7 +88,6 @@ func New(opts Options) *StandIn {
 		opts:      opts,
 		executors: map[string]Executor{},
 		running:   map[types.NamespacedName]*run{},
-		mounts:    newMountPoints(),
 	}
 }
 
@@ -120,14 +129,19 @@ func (s *StandIn) Start(ctx context.Context, cfg *rest.Config) error {
 		return fmt.Errorf("tekton stand-in manager: %w", err)
 	}
 	s.client = mgr.GetClient()
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &pipelinev1.TaskRun{}, secretVolumeIndex, indexSecretVolumes); err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &pipelinev1.TaskRun{}, secretIndex, indexSecrets); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &pipelinev1.TaskRun{}, configMapIndex, indexConfigMaps); err != nil {
 		return err
 	}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("tekton-standin").
 		For(&pipelinev1.TaskRun{}).
-		// A user TaskRun's pod waits for the Secrets it mounts; their arrival is what starts it.
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(s.taskRunsMounting)).
+		// A user TaskRun's pod waits for the Secrets and ConfigMaps it mounts; their arrival
+		// is what starts it.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(s.taskRunsUsing(secretIndex))).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(s.taskRunsUsing(configMapIndex))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 8, SkipNameValidation: ptr(true)}).
 		Complete(s)
 	if err != nil {
@@ -169,24 +183,46 @@ func (s *StandIn) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 			return reconcile.Result{}, nil
 		}
 	}
-	if err := s.ensurePod(ctx, &tr); err != nil {
+	s.mu.Lock()
+	executor := s.executorFor(&tr)
+	s.mu.Unlock()
+	var rs *runSpec
+	if executor == nil && s.opts.RunScripts != nil && s.opts.RunScripts(&tr) {
+		built, err := buildSandboxSpec(&tr)
+		if err != nil {
+			return reconcile.Result{}, s.complete(ctx, req.NamespacedName, nil, err)
+		}
+		rs = built
+	}
+	if err := s.ensurePod(ctx, &tr, rs); err != nil {
+		if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+			return reconcile.Result{}, s.complete(ctx, req.NamespacedName, nil,
+				&runError{reason: reasonPodCreationFailed, message: err.Error()})
+		}
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{}, s.execute(ctx, &tr)
+	return s.execute(ctx, &tr, executor, rs)
 }
 
-var errCancelled = errors.New("TaskRun was cancelled")
+var errCancelled = &runError{reason: reasonCancelled, message: "TaskRun was cancelled"}
 
 // resolve fills status.taskSpec from spec.taskSpec or the referenced Task, and marks the run
 // started. A missing Task fails the run, as Tekton does.
 func (s *StandIn) resolve(ctx context.Context, tr *pipelinev1.TaskRun) error {
+	key := client.ObjectKeyFromObject(tr)
 	spec := tr.Spec.TaskSpec
-	if spec == nil && tr.Spec.TaskRef != nil {
+	if ref := tr.Spec.TaskRef; spec == nil && ref != nil {
+		if ref.Resolver != "" {
+			return s.complete(ctx, key, nil, unsupported("remote resolution of tasks (resolver %q); apply the Task to the namespace and refer to it by name", ref.Resolver))
+		}
+		if ref.Kind != "" && ref.Kind != pipelinev1.NamespacedTaskKind {
+			return s.complete(ctx, key, nil, unsupported("taskRef of kind %q", ref.Kind))
+		}
 		var task pipelinev1.Task
-		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: tr.Spec.TaskRef.Name}, &task)
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: ref.Name}, &task)
 		if apierrors.IsNotFound(err) {
-			return s.complete(ctx, client.ObjectKeyFromObject(tr), nil,
-				fmt.Errorf("task %s/%s not found", tr.Namespace, tr.Spec.TaskRef.Name))
+			return s.complete(ctx, key, nil, &runError{reason: reasonResolutionFailed,
+				message: fmt.Sprintf("task %s/%s not found", tr.Namespace, ref.Name)})
 		}
 		if err != nil {
 			return err
@@ -194,7 +230,7 @@ func (s *StandIn) resolve(ctx context.Context, tr *pipelinev1.TaskRun) error {
 		spec = &task.Spec
 	}
 	if spec == nil {
-		return s.complete(ctx, client.ObjectKeyFromObject(tr), nil, errors.New("TaskRun has neither taskRef nor taskSpec"))
+		return s.complete(ctx, key, nil, invalid("TaskRun has neither taskRef nor taskSpec"))
 	}
 	tr.Status.TaskSpec = spec.DeepCopy()
 	tr.Status.PodName = tr.Name + "-pod"
@@ -204,19 +240,17 @@ func (s *StandIn) resolve(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	return s.client.Status().Update(ctx, tr)
 }
 
-// ensurePod creates the Pod object Tekton would: nothing runs it, but its volumes and owner are
-// what a real cluster would show. The namespace's ServiceAccount is created if absent, because
-// no controller-manager runs here to do it and admission refuses pods without one.
-func (s *StandIn) ensurePod(ctx context.Context, tr *pipelinev1.TaskRun) error {
-	sa := tr.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
-	}
+// ensurePod creates the Pod object Tekton would: nothing runs it, but its containers, volumes
+// and owner are what a real cluster would show. The namespace's ServiceAccount is created if
+// absent, because no controller-manager runs here to do it and admission refuses pods
+// without one.
+func (s *StandIn) ensurePod(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec) error {
+	sa := serviceAccountOf(tr)
 	account := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: tr.Namespace}}
 	if err := s.client.Create(ctx, account); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating service account %s/%s: %w", tr.Namespace, sa, err)
 	}
-	pod := podFor(tr, sa)
+	pod := podFor(tr, sa, rs)
 	if err := ctrl.SetControllerReference(tr, pod, s.opts.Scheme); err != nil {
 		return err
 	}
@@ -226,8 +260,21 @@ func (s *StandIn) ensurePod(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	return nil
 }
 
-func podFor(tr *pipelinev1.TaskRun, serviceAccount string) *corev1.Pod {
-	spec := tr.Status.TaskSpec
+// podFor is the TaskRun's pod: its steps as built for the run when there is one, else as the
+// task writes them.
+func podFor(tr *pipelinev1.TaskRun, serviceAccount string, rs *runSpec) *corev1.Pod {
+	steps, volumes := tr.Status.TaskSpec.Steps, podVolumes(tr)
+	var wsMounts []corev1.VolumeMount
+	if rs != nil {
+		steps, volumes = rs.steps, append([]corev1.Volume{}, rs.volumes...)
+		for _, w := range rs.workspaces {
+			if w.binding != nil {
+				v := workspaceVolume(w)
+				volumes = append(volumes, v)
+				wsMounts = append(wsMounts, corev1.VolumeMount{Name: v.Name, MountPath: w.mountPath, SubPath: w.binding.SubPath, ReadOnly: w.decl.ReadOnly})
+			}
+		}
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      tr.Status.PodName,
@@ -238,60 +285,85 @@ func podFor(tr *pipelinev1.TaskRun, serviceAccount string) *corev1.Pod {
 			ServiceAccountName:           serviceAccount,
 			AutomountServiceAccountToken: ptr(false),
 			RestartPolicy:                corev1.RestartPolicyNever,
-			Volumes:                      volumes(tr),
+			Volumes:                      volumes,
 		},
 	}
-	for _, step := range spec.Steps {
+	for i, step := range steps {
 		image := step.Image
 		if image == "" {
 			image = "scratch"
 		}
 		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
-			Name:         "step-" + step.Name,
+			Name:         stepName(step.Name, i),
 			Image:        image,
 			Command:      step.Command,
 			Args:         step.Args,
-			VolumeMounts: step.VolumeMounts,
+			WorkingDir:   step.WorkingDir,
+			Env:          step.Env,
+			EnvFrom:      step.EnvFrom,
+			VolumeMounts: append(append([]corev1.VolumeMount{}, step.VolumeMounts...), wsMounts...),
 		})
 	}
 	return pod
 }
 
 // execute starts the TaskRun's work once; a second reconcile of a running TaskRun is a no-op.
-func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun) error {
+// A user TaskRun's steps wait, with a Pending message naming what is missing, until the
+// Secrets and ConfigMaps its pod needs exist; the TaskRun's timeout runs from its start
+// either way, so nothing waits forever.
+func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun, executor Executor, rs *runSpec) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(tr)
 	s.mu.Lock()
-	executor := s.executorFor(tr)
 	previous := s.running[key]
 	s.mu.Unlock()
 	if previous != nil && previous.uid == tr.UID {
-		return nil
+		return reconcile.Result{}, nil
 	}
 	if previous != nil {
 		s.stop(key) // a new TaskRun took the name of one still running here
+	}
+	deadline, timeout := deadlineOf(tr)
+	if timeout > 0 && !time.Now().Before(deadline) {
+		return reconcile.Result{}, s.complete(ctx, key, nil, timeoutError(tr, timeout))
+	}
+	wait := reconcile.Result{}
+	if timeout > 0 {
+		wait.RequeueAfter = time.Until(deadline)
 	}
 	var work func(context.Context) (map[string]string, error)
 	switch {
 	case executor != nil:
 		work = func(ctx context.Context) (map[string]string, error) { return executor(ctx, tr.DeepCopy()) }
-	case s.opts.RunScripts != nil && s.opts.RunScripts(tr):
-		ready, err := s.secretsPresent(ctx, tr)
-		if err != nil || !ready {
-			return err // the Secret watch brings it back when one appears
+	case rs != nil:
+		missing, err := s.missingObjects(ctx, tr.Namespace, rs)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if len(missing) > 0 { // their watches bring the TaskRun back when they appear
+			return wait, s.setOngoing(ctx, key, reasonPending, "pod is waiting for "+strings.Join(missing, ", "))
+		}
+		if err := s.setOngoing(ctx, key, reasonRunning, "Not all Steps in the Task have finished executing"); err != nil {
+			return reconcile.Result{}, err
 		}
 		work = func(ctx context.Context) (map[string]string, error) { return s.runSteps(ctx, tr.DeepCopy()) }
 	default:
-		return nil // ended by Finish
+		return wait, nil // ended by Finish, or by its timeout
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
+	if timeout > 0 {
+		runCtx, cancel = context.WithDeadline(context.Background(), deadline)
+	}
 	s.mu.Lock()
 	s.running[key] = &run{uid: tr.UID, cancel: cancel}
 	s.mu.Unlock()
 	go func() {
 		defer cancel()
 		results, err := work(runCtx)
-		if runCtx.Err() != nil {
+		switch {
+		case errors.Is(runCtx.Err(), context.DeadlineExceeded):
+			results, err = nil, timeoutError(tr, timeout)
+		case runCtx.Err() != nil:
 			return // deleted or cancelled meanwhile: nothing to report
 		}
 		finishCtx, done := context.WithTimeout(context.Background(), 30*time.Second)
@@ -300,10 +372,45 @@ func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun) error {
 			ctrl.Log.WithName("tekton-standin").Error(cerr, "recording the end of a TaskRun", "taskrun", key)
 		}
 	}()
-	return nil
+	return reconcile.Result{}, nil
 }
 
-// complete marks the TaskRun succeeded (runErr nil) or failed, with results and completion time.
+// deadlineOf is when the TaskRun times out: Tekton's default of an hour from its start unless
+// spec.timeout says otherwise (0 means never; then timeout is 0).
+func deadlineOf(tr *pipelinev1.TaskRun) (deadline time.Time, timeout time.Duration) {
+	timeout = defaultTimeoutMinutes * time.Minute
+	if tr.Spec.Timeout != nil {
+		timeout = tr.Spec.Timeout.Duration
+	}
+	start := time.Now()
+	if tr.Status.StartTime != nil {
+		start = tr.Status.StartTime.Time
+	}
+	return start.Add(timeout), timeout
+}
+
+func timeoutError(tr *pipelinev1.TaskRun, timeout time.Duration) error {
+	return &runError{reason: reasonTaskRunTimeout, message: fmt.Sprintf("TaskRun %q failed to finish within %q", tr.Name, timeout.String())}
+}
+
+// setOngoing records why a TaskRun in progress is where it is, if that changed.
+func (s *StandIn) setOngoing(ctx context.Context, key types.NamespacedName, reason, message string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var tr pipelinev1.TaskRun
+		if err := s.client.Get(ctx, key, &tr); err != nil {
+			return err
+		}
+		if c := tr.Status.GetCondition(apis.ConditionSucceeded); tr.IsDone() || (c != nil && c.Reason == reason && c.Message == message) {
+			return nil
+		}
+		tr.Status.MarkResourceOngoing(pipelinev1.TaskRunReason(reason), message)
+		return s.client.Status().Update(ctx, &tr)
+	})
+}
+
+// complete marks the TaskRun succeeded (runErr nil) or failed, with results and completion
+// time. A runError's reason becomes the condition's reason; any other error is a step's
+// failure.
 func (s *StandIn) complete(ctx context.Context, key types.NamespacedName, results map[string]string, runErr error) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var tr pipelinev1.TaskRun
@@ -314,23 +421,46 @@ func (s *StandIn) complete(ctx context.Context, key types.NamespacedName, result
 			return nil
 		}
 		now := metav1.Now()
-		for name, value := range results {
-			tr.Status.Results = append(tr.Status.Results, pipelinev1.TaskRunResult{
-				Name: name, Type: pipelinev1.ResultsTypeString, Value: *pipelinev1.NewStructuredValues(value),
-			})
+		tr.Status.Results = nil
+		names := make([]string, 0, len(results))
+		for name := range results {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			tr.Status.Results = append(tr.Status.Results, taskRunResult(tr.Status.TaskSpec, name, results[name]))
 		}
 		cond := apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue,
-			Reason: pipelinev1.TaskRunReasonSuccessful.String(), Message: "All Steps have completed executing"}
+			Reason: reasonSuccessful, Message: "All Steps have completed executing"}
+		var re *runError
 		switch {
-		case errors.Is(runErr, errCancelled):
-			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, pipelinev1.TaskRunReasonCancelled.String(), runErr.Error()
+		case errors.As(runErr, &re):
+			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, re.reason, re.message
 		case runErr != nil:
-			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, pipelinev1.TaskRunReasonFailed.String(), runErr.Error()
+			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, reasonFailed, runErr.Error()
 		}
 		tr.Status.SetCondition(&cond)
 		tr.Status.CompletionTime = &now
 		return s.client.Status().Update(ctx, &tr)
 	})
+}
+
+// taskRunResult types a result as the task declares it: an array or object result is JSON.
+func taskRunResult(spec *pipelinev1.TaskSpec, name, value string) pipelinev1.TaskRunResult {
+	r := pipelinev1.TaskRunResult{Name: name, Type: pipelinev1.ResultsTypeString, Value: *pipelinev1.NewStructuredValues(value)}
+	if spec == nil {
+		return r
+	}
+	for _, decl := range spec.Results {
+		if decl.Name != name || (decl.Type != pipelinev1.ResultsTypeArray && decl.Type != pipelinev1.ResultsTypeObject) {
+			continue
+		}
+		var v pipelinev1.ResultValue
+		if err := json.Unmarshal([]byte(value), &v); err == nil && string(v.Type) == string(decl.Type) {
+			r.Type, r.Value = decl.Type, v
+		}
+	}
+	return r
 }
 
 // stop cancels the local work of a TaskRun that ended or was deleted.
@@ -352,44 +482,59 @@ func (s *StandIn) cancelAll() {
 	}
 }
 
-const secretVolumeIndex = "berth.standin/secret-volume"
+// Indexes of TaskRuns by the Secrets and ConfigMaps their pods mount, so that one appearing
+// starts the runs waiting for it.
+const (
+	secretIndex    = "berth.standin/secret"
+	configMapIndex = "berth.standin/configmap"
+)
 
-func indexSecretVolumes(obj client.Object) []string {
-	tr := obj.(*pipelinev1.TaskRun)
+func indexSecrets(obj client.Object) []string { return referenced(obj.(*pipelinev1.TaskRun), "secret") }
+func indexConfigMaps(obj client.Object) []string {
+	return referenced(obj.(*pipelinev1.TaskRun), "configmap")
+}
+
+func referenced(tr *pipelinev1.TaskRun, kind string) []string {
 	var names []string
-	for _, v := range volumes(tr) {
-		if v.Secret != nil {
+	add := func(v corev1.VolumeSource) {
+		switch {
+		case kind == "secret" && v.Secret != nil:
 			names = append(names, v.Secret.SecretName)
+		case kind == "configmap" && v.ConfigMap != nil:
+			names = append(names, v.ConfigMap.Name)
+		case v.Projected != nil:
+			for _, src := range v.Projected.Sources {
+				if kind == "secret" && src.Secret != nil {
+					names = append(names, src.Secret.Name)
+				}
+				if kind == "configmap" && src.ConfigMap != nil {
+					names = append(names, src.ConfigMap.Name)
+				}
+			}
 		}
+	}
+	for _, v := range podVolumes(tr) {
+		add(v.VolumeSource)
+	}
+	for _, w := range tr.Spec.Workspaces {
+		add(corev1.VolumeSource{Secret: w.Secret, ConfigMap: w.ConfigMap, Projected: w.Projected})
 	}
 	return names
 }
 
-func (s *StandIn) taskRunsMounting(ctx context.Context, secret client.Object) []reconcile.Request {
-	var list pipelinev1.TaskRunList
-	if err := s.client.List(ctx, &list, client.InNamespace(secret.GetNamespace()),
-		client.MatchingFields{secretVolumeIndex: secret.GetName()}); err != nil {
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for _, tr := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&tr)})
-	}
-	return reqs
-}
-
-func (s *StandIn) secretsPresent(ctx context.Context, tr *pipelinev1.TaskRun) (bool, error) {
-	for _, name := range indexSecretVolumes(tr) {
-		var secret corev1.Secret
-		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: name}, &secret)
-		if apierrors.IsNotFound(err) {
-			return false, nil
+func (s *StandIn) taskRunsUsing(index string) handler.MapFunc {
+	return func(ctx context.Context, obj client.Object) []reconcile.Request {
+		var list pipelinev1.TaskRunList
+		if err := s.client.List(ctx, &list, client.InNamespace(obj.GetNamespace()),
+			client.MatchingFields{index: obj.GetName()}); err != nil {
+			return nil
 		}
-		if err != nil {
-			return false, err
+		reqs := make([]reconcile.Request, 0, len(list.Items))
+		for _, tr := range list.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&tr)})
 		}
+		return reqs
 	}
-	return true, nil
 }
 
 func ptr[T any](v T) *T { return &v }

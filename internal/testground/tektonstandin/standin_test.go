@@ -93,7 +93,8 @@ func TestResolvesTaskRefAndCreatesPod(t *testing.T) {
 	// progress until Finish.
 	tr := &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{Name: "build", Namespace: ns, Labels: map[string]string{contract.TaskTypeLabel: "provision"}},
-		Spec:       pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}},
+		Spec: pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"},
+			Params: pipelinev1.Params{{Name: "PLATFORM", Value: *pipelinev1.NewStructuredValues("linux/s390x")}}},
 	}
 	if err := cp.Client.Create(ctx, tr); err != nil {
 		t.Fatal(err)
@@ -270,7 +271,7 @@ func TestFailingStepReportsItsOutput(t *testing.T) {
 	}
 	got := waitFor(t, client.ObjectKeyFromObject(tr), "finished", done)
 	msg := got.Status.GetCondition(apis.ConditionSucceeded).Message
-	if got.IsSuccessful() || !strings.Contains(msg, "step first failed") || !strings.Contains(msg, "the platform is unsupported") {
+	if got.IsSuccessful() || !strings.Contains(msg, `"step-first" exited with code 3`) || !strings.Contains(msg, "the platform is unsupported") {
 		t.Fatalf("want a failure naming the step with its output, got %q", msg)
 	}
 }

@@ -3,57 +3,86 @@ package tektonstandin
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// runSteps runs a TaskRun's steps in order as local processes, the way its pod would: secret,
-// config map and emptyDir volumes appear at their mount paths (bind-mounted in a mount namespace
-// private to the step), Tekton's $(params…), $(context…), $(results…) and $(workspaces…)
-// references are substituted, and the results files become the TaskRun's results.
+// runSteps runs a TaskRun's steps in order, each as a local process in a sandbox of its own
+// (see sandbox.go), the way its pod would: volumes and workspaces laid out as the kubelet
+// would, Tekton's variables substituted, the ServiceAccount's registry credentials in
+// $HOME/.docker, and the files under /tekton/results become the TaskRun's results.
 func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
 	if os.Geteuid() != 0 {
-		return nil, errors.New("the tekton stand-in runs step scripts only as root: each step needs its own mount namespace for its volumes")
+		return nil, errors.New("the tekton stand-in runs step scripts only as root: each step needs its own mount namespace")
 	}
-	if tr.Spec.Timeout != nil && tr.Spec.Timeout.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, tr.Spec.Timeout.Duration)
-		defer cancel()
+	rs, err := buildSandboxSpec(tr)
+	if err != nil {
+		return nil, err
 	}
 	dir := filepath.Join(s.opts.WorkDir, "runs", string(tr.UID))
 	defer os.RemoveAll(dir)
-	volumes, err := s.materialiseVolumes(ctx, tr, filepath.Join(dir, "volumes"))
-	if err != nil {
-		return nil, err
-	}
-	resultsDir := filepath.Join(dir, "results")
-	subst, err := substitutions(tr, resultsDir, filepath.Join(dir, "workspaces"))
-	if err != nil {
-		return nil, err
-	}
-	for i, step := range tr.Status.TaskSpec.Steps {
-		if err := s.runStep(ctx, tr, i, step, subst, volumes, dir); err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("step %s: %w", step.Name, ctx.Err())
-			}
+	tekton := filepath.Join(dir, "tekton")
+	for _, d := range []string{"tekton/results", "tekton/scripts", "tekton/creds", "tekton/home", "workspace"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o777); err != nil {
 			return nil, err
 		}
 	}
+	for i, step := range rs.steps {
+		if err := os.MkdirAll(filepath.Join(tekton, "steps", stepName(step.Name, i)), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.writeCredentials(ctx, tr, filepath.Join(tekton, "creds")); err != nil {
+		return nil, err
+	}
+	volumes, workspaces, err := s.materialise(ctx, tr, rs, dir)
+	if err != nil {
+		return nil, err
+	}
+	for i, step := range rs.steps {
+		stepCtx, cancel := ctx, context.CancelFunc(func() {})
+		if step.Timeout != nil && step.Timeout.Duration > 0 {
+			stepCtx, cancel = context.WithTimeout(ctx, step.Timeout.Duration)
+		}
+		code, err := s.runStep(stepCtx, tr, rs, i, volumes, workspaces, dir)
+		cancel()
+		name := stepName(step.Name, i)
+		if code >= 0 {
+			if werr := os.WriteFile(filepath.Join(tekton, "steps", name, "exitCode"), []byte(strconv.Itoa(code)), 0o644); werr != nil {
+				return nil, werr
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", name, ctx.Err())
+		}
+		if stepCtx.Err() != nil {
+			return nil, fmt.Errorf("%s exceeded its timeout of %s", name, step.Timeout.Duration)
+		}
+		if step.OnError == pipelinev1.Continue && code > 0 {
+			continue // Tekton records the exit code and goes on
+		}
+		return nil, err
+	}
 	results := map[string]string{}
-	for _, r := range tr.Status.TaskSpec.Results {
-		data, err := os.ReadFile(filepath.Join(resultsDir, r.Name))
+	for _, r := range rs.results {
+		data, err := os.ReadFile(filepath.Join(tekton, "results", r.Name))
 		if err == nil {
 			results[r.Name] = string(data)
 		}
@@ -61,69 +90,69 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (map[str
 	return results, nil
 }
 
-func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, index int, step pipelinev1.Step,
-	subst *strings.Replacer, volumes map[string]string, dir string) error {
-	argv := make([]string, 0, len(step.Command)+len(step.Args)+1)
+// runStep runs one step and returns its exit code (-1 if it never started).
+func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec, index int,
+	volumes, workspaces map[string]mountSource, dir string) (int, error) {
+	step := rs.steps[index]
+	name := stepName(step.Name, index)
+	env, err := s.stepEnv(ctx, tr, rs, step)
+	if err != nil {
+		return -1, err
+	}
+	lookup := envLookup(env)
+	var argv []string
 	if step.Script != "" {
-		script := subst.Replace(step.Script)
+		script := step.Script
 		if !strings.HasPrefix(script, "#!") {
 			script = "#!/bin/sh\nset -e\n" + script // what Tekton runs a shebang-less script with
 		}
-		path := filepath.Join(dir, "scripts", fmt.Sprintf("%d-%s", index, step.Name))
-		if err := writeFile(path, []byte(script), 0o755); err != nil {
-			return err
+		file := fmt.Sprintf("script-%d-%s", index, name)
+		if err := writeFile(filepath.Join(dir, "tekton", "scripts", file), []byte(script), 0o755); err != nil {
+			return -1, err
 		}
-		argv = append(argv, path)
+		argv = append(argv, filepath.Join(tektonScriptsDir, file))
 	} else {
-		for _, a := range append(append([]string{}, step.Command...), step.Args...) {
-			argv = append(argv, subst.Replace(a))
+		if len(step.Command) == 0 {
+			return -1, unsupported("a step without script or command (%s would run its image's entrypoint)", name)
+		}
+		for _, c := range step.Command {
+			argv = append(argv, expandEnv(c, lookup))
 		}
 	}
-	if len(argv) == 0 {
-		return fmt.Errorf("step %s has neither script nor command", step.Name)
+	for _, a := range step.Args {
+		argv = append(argv, expandEnv(a, lookup))
 	}
 
-	// The wrapper bind-mounts each volume and then execs the step; paths travel as arguments,
-	// never inside the shell text.
-	wrapper := []string{"/bin/sh", "-c",
-		`set -e; while [ "$1" != -- ]; do mount --bind "$1" "$2"; if [ "$3" = ro ]; then mount -o remount,bind,ro "$2"; fi; shift 3; done; shift; exec "$@"`,
-		"step"}
+	var mounts []sandboxMount
+	// Tekton's own: /tekton (results, scripts, step exit codes, credentials) and the
+	// /workspace every step of the pod shares.
+	mounts = append(mounts, sandboxMount{source: filepath.Join(dir, "tekton"), target: tektonDir},
+		sandboxMount{source: filepath.Join(dir, "workspace"), target: "/workspace"})
+	for _, w := range rs.workspaces {
+		if src, ok := workspaces[w.decl.Name]; ok {
+			mounts = append(mounts, sandboxMount{source: src.path, target: w.mountPath, readOnly: src.readOnly})
+		}
+	}
 	for _, m := range step.VolumeMounts {
 		src, ok := volumes[m.Name]
 		if !ok {
-			return fmt.Errorf("step %s mounts volume %q, which the task does not declare", step.Name, m.Name)
+			return -1, invalid("%s mounts volume %q, which the task does not declare", name, m.Name)
 		}
-		release, err := s.mounts.acquire(m.MountPath)
-		if err != nil {
-			return err
+		if m.SubPath != "" {
+			if src, err = subPath(src, m.SubPath); err != nil {
+				return -1, err
+			}
 		}
-		defer release()
-		mode := "rw"
-		if m.ReadOnly {
-			mode = "ro"
-		}
-		wrapper = append(wrapper, src, m.MountPath, mode)
+		mounts = append(mounts, sandboxMount{source: src.path, target: m.MountPath, readOnly: src.readOnly || m.ReadOnly})
 	}
-	wrapper = append(append(wrapper, "--"), argv...)
 
-	env, err := s.stepEnv(ctx, tr, step, subst)
-	if err != nil {
-		return err
-	}
-	workDir := subst.Replace(step.WorkingDir)
-	if workDir == "" {
-		workDir = filepath.Join(dir, "work")
-	}
-	if err := os.MkdirAll(workDir, 0o755); err != nil {
-		return err
-	}
 	logPath := filepath.Join(s.opts.WorkDir, "logs", fmt.Sprintf("%s_%s_%s.log", tr.Namespace, tr.Name, step.Name))
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
-		return err
+		return -1, err
 	}
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	defer logFile.Close()
 	var tail tailBuffer
@@ -133,216 +162,293 @@ func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, index int
 		defer prefixed.Flush()
 		out = io.MultiWriter(logFile, &tail, prefixed)
 	}
-
-	cmd := exec.CommandContext(ctx, wrapper[0], wrapper[1:]...)
-	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = workDir, env, out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("step %s failed (%v); last output:\n%s", step.Name, err, tail.String())
+	sb := sandbox{dir: filepath.Join(dir, "sandbox", strconv.Itoa(index)), mounts: mounts, workingDir: step.WorkingDir, env: env}
+	code, err := sb.run(ctx, argv, out)
+	switch {
+	case err == nil:
+		return 0, nil
+	case code >= 0: // worded as Tekton words a failed step
+		return code, fmt.Errorf("%q exited with code %d; last output:\n%s", name, code, tail.String())
+	default:
+		return code, fmt.Errorf("%q could not run (%v); last output:\n%s", name, err, tail.String())
 	}
-	return nil
 }
 
-func (s *StandIn) stepEnv(ctx context.Context, tr *pipelinev1.TaskRun, step pipelinev1.Step, subst *strings.Replacer) ([]string, error) {
-	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=/root"}
-	for _, e := range step.Env {
-		value := subst.Replace(e.Value)
-		if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
-			var secret corev1.Secret
-			if err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: ref.SecretKeyRef.Name}, &secret); err != nil {
-				return nil, fmt.Errorf("step %s env %s: %w", step.Name, e.Name, err)
-			}
-			value = string(secret.Data[ref.SecretKeyRef.Key])
+// baseEnv is what a step's image would set before the task's own env.
+var baseEnv = []corev1.EnvVar{
+	{Name: "PATH", Value: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+	{Name: "HOME", Value: "/root"},
+}
+
+// stepEnv builds a step's environment as the kubelet does: envFrom first, then env in order,
+// each value able to refer to the ones before it as $(NAME); a podTemplate's env sits below
+// the step's own. A required Secret or ConfigMap key that is missing fails the run, as
+// CreateContainerConfigError fails a Tekton TaskRun.
+func (s *StandIn) stepEnv(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec, step pipelinev1.Step) ([]string, error) {
+	var names []string
+	values := map[string]string{}
+	set := func(name, value string) {
+		if _, ok := values[name]; !ok {
+			names = append(names, name)
 		}
-		env = append(env, e.Name+"="+value)
+		values[name] = value
 	}
-	return env, nil
-}
-
-// materialiseVolumes writes each secret, config map and emptyDir volume of the task into its
-// own directory and returns volume name → directory.
-func (s *StandIn) materialiseVolumes(ctx context.Context, tr *pipelinev1.TaskRun, dir string) (map[string]string, error) {
-	paths := map[string]string{}
-	for _, v := range volumes(tr) {
-		path := filepath.Join(dir, v.Name)
-		if err := os.MkdirAll(path, 0o755); err != nil {
+	for _, e := range baseEnv {
+		set(e.Name, e.Value)
+	}
+	for _, from := range step.EnvFrom {
+		data, err := s.envSource(ctx, tr.Namespace, from)
+		if err != nil {
 			return nil, err
 		}
-		paths[v.Name] = path
-		switch {
-		case v.Secret != nil:
-			var secret corev1.Secret
-			if err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: v.Secret.SecretName}, &secret); err != nil {
-				return nil, fmt.Errorf("volume %s: secret %s: %w", v.Name, v.Secret.SecretName, err)
-			}
-			if err := writeKeys(path, secret.Data, v.Secret.Items, v.Secret.DefaultMode); err != nil {
-				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
-			}
-		case v.ConfigMap != nil:
-			var cm corev1.ConfigMap
-			if err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: v.ConfigMap.Name}, &cm); err != nil {
-				return nil, fmt.Errorf("volume %s: config map %s: %w", v.Name, v.ConfigMap.Name, err)
-			}
-			data := map[string][]byte{}
-			for k, val := range cm.Data {
-				data[k] = []byte(val)
-			}
-			if err := writeKeys(path, data, v.ConfigMap.Items, v.ConfigMap.DefaultMode); err != nil {
-				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
-			}
-		}
-	}
-	return paths, nil
-}
-
-// writeKeys lays out a secret's or config map's keys as files, honouring items and modes as
-// the kubelet does (0644 unless the volume says otherwise).
-func writeKeys(dir string, data map[string][]byte, items []corev1.KeyToPath, defaultMode *int32) error {
-	mode := os.FileMode(0o644)
-	if defaultMode != nil {
-		mode = os.FileMode(*defaultMode)
-	}
-	if len(items) == 0 {
+		keys := make([]string, 0, len(data))
 		for k := range data {
-			items = append(items, corev1.KeyToPath{Key: k, Path: k})
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			set(from.Prefix+k, data[k])
 		}
 	}
-	for _, item := range items {
-		value, ok := data[item.Key]
-		if !ok {
-			return fmt.Errorf("key %q missing", item.Key)
-		}
-		m := mode
-		if item.Mode != nil {
-			m = os.FileMode(*item.Mode)
-		}
-		if err := writeFile(filepath.Join(dir, item.Path), value, m); err != nil {
-			return err
-		}
+	env := append([]corev1.EnvVar{}, rs.podEnv...)
+	for _, e := range step.Env {
+		env = slicesDeleteName(env, e.Name)
+		env = append(env, e)
 	}
-	return nil
-}
-
-// variables are the param and context references Tekton substitutes in a task's spec.
-func variables(tr *pipelinev1.TaskRun) []string {
-	values := map[string]string{}
-	if spec := tr.Status.TaskSpec; spec != nil {
-		for _, p := range spec.Params {
-			if p.Default != nil {
-				values[p.Name] = p.Default.StringVal
+	for _, e := range env {
+		value := expandEnv(e.Value, func(n string) (string, bool) { v, ok := values[n]; return v, ok })
+		if e.ValueFrom != nil {
+			v, ok, err := s.envValueFrom(ctx, tr, e)
+			if err != nil {
+				return nil, err
 			}
+			if !ok {
+				continue // optional and missing: the variable is not set
+			}
+			value = v
 		}
+		set(e.Name, value)
 	}
-	for _, p := range tr.Spec.Params {
-		values[p.Name] = p.Value.StringVal
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		out = append(out, n+"="+values[n])
 	}
-	var pairs []string
-	for name, value := range values {
-		pairs = append(pairs,
-			"$(params."+name+")", value,
-			"$(params['"+name+"'])", value,
-			`$(params["`+name+`"])`, value)
-	}
-	return append(pairs,
-		"$(context.taskRun.name)", tr.Name,
-		"$(context.taskRun.namespace)", tr.Namespace,
-		"$(context.taskRun.uid)", string(tr.UID))
+	return out, nil
 }
 
-// volumes returns the task's volumes as its pod gets them: status.taskSpec keeps references
-// like multi-platform-ssh-$(context.taskRun.name), the pod has them substituted.
-func volumes(tr *pipelinev1.TaskRun) []corev1.Volume {
-	if tr.Status.TaskSpec == nil {
-		return nil
-	}
-	subst := strings.NewReplacer(variables(tr)...)
-	out := make([]corev1.Volume, 0, len(tr.Status.TaskSpec.Volumes))
-	for _, v := range tr.Status.TaskSpec.Volumes {
-		v = *v.DeepCopy()
-		if v.Secret != nil {
-			v.Secret.SecretName = subst.Replace(v.Secret.SecretName)
+func slicesDeleteName(env []corev1.EnvVar, name string) []corev1.EnvVar {
+	out := env[:0]
+	for _, e := range env {
+		if e.Name != name {
+			out = append(out, e)
 		}
-		if v.ConfigMap != nil {
-			v.ConfigMap.Name = subst.Replace(v.ConfigMap.Name)
-		}
-		out = append(out, v)
 	}
 	return out
 }
 
-// substitutions builds the replacer for Tekton's variable references in steps.
-func substitutions(tr *pipelinev1.TaskRun, resultsDir, workspacesDir string) (*strings.Replacer, error) {
-	spec := tr.Status.TaskSpec
-	pairs := variables(tr)
-	if err := os.MkdirAll(resultsDir, 0o777); err != nil {
-		return nil, err
+func configError(format string, args ...any) error {
+	return &runError{reason: reasonCreateConfigError, message: fmt.Sprintf(format, args...)}
+}
+
+func (s *StandIn) envValueFrom(ctx context.Context, tr *pipelinev1.TaskRun, e corev1.EnvVar) (string, bool, error) {
+	from := e.ValueFrom
+	switch {
+	case from.SecretKeyRef != nil:
+		ref := from.SecretKeyRef
+		var secret corev1.Secret
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: ref.Name}, &secret)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return "", false, err
+		}
+		v, ok := secret.Data[ref.Key]
+		if err != nil || !ok {
+			if isTrue(ref.Optional) {
+				return "", false, nil
+			}
+			return "", false, configError("env %s: key %q of secret %s/%s not found", e.Name, ref.Key, tr.Namespace, ref.Name)
+		}
+		return string(v), true, nil
+	case from.ConfigMapKeyRef != nil:
+		ref := from.ConfigMapKeyRef
+		var cm corev1.ConfigMap
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: ref.Name}, &cm)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return "", false, err
+		}
+		v, ok := cm.Data[ref.Key]
+		if err != nil || !ok {
+			if isTrue(ref.Optional) {
+				return "", false, nil
+			}
+			return "", false, configError("env %s: key %q of config map %s/%s not found", e.Name, ref.Key, tr.Namespace, ref.Name)
+		}
+		return v, true, nil
+	case from.FieldRef != nil:
+		switch from.FieldRef.FieldPath {
+		case "metadata.name":
+			return tr.Status.PodName, true, nil
+		case "metadata.namespace":
+			return tr.Namespace, true, nil
+		case "metadata.uid":
+			return string(tr.UID), true, nil // the pod's own UID is not what a script could use here
+		case "spec.serviceAccountName":
+			return serviceAccountOf(tr), true, nil
+		}
 	}
-	for _, r := range spec.Results {
-		pairs = append(pairs, "$(results."+r.Name+".path)", filepath.Join(resultsDir, r.Name))
-	}
-	for _, w := range spec.Workspaces {
-		path := filepath.Join(workspacesDir, w.Name)
-		if err := os.MkdirAll(path, 0o777); err != nil {
+	return "", false, unsupported("env %s's valueFrom", e.Name) // checkSupported lets none through
+}
+
+func (s *StandIn) envSource(ctx context.Context, namespace string, from corev1.EnvFromSource) (map[string]string, error) {
+	out := map[string]string{}
+	switch {
+	case from.SecretRef != nil:
+		var secret corev1.Secret
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: from.SecretRef.Name}, &secret)
+		if apierrors.IsNotFound(err) && isTrue(from.SecretRef.Optional) {
+			return out, nil
+		}
+		if apierrors.IsNotFound(err) {
+			return nil, configError("envFrom: secret %s/%s not found", namespace, from.SecretRef.Name)
+		}
+		if err != nil {
 			return nil, err
 		}
-		pairs = append(pairs, "$(workspaces."+w.Name+".path)", path)
-	}
-	return strings.NewReplacer(pairs...), nil
-}
-
-// mountPoints creates the mount-point directories steps need (a pod's /ssh, say) and removes
-// the ones it created once no running step uses them, so the machine is left as it was.
-type mountPoints struct {
-	mu      sync.Mutex
-	users   map[string]int
-	created map[string][]string // mount path → directories created for it, deepest last
-}
-
-func newMountPoints() *mountPoints {
-	return &mountPoints{users: map[string]int{}, created: map[string][]string{}}
-}
-
-func (m *mountPoints) acquire(path string) (release func(), err error) {
-	path = filepath.Clean(path)
-	if !filepath.IsAbs(path) || path == "/" {
-		return nil, fmt.Errorf("mount path %q must be an absolute path below /", path)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.users[path] == 0 {
-		var missing []string
-		for p := path; p != "/"; p = filepath.Dir(p) {
-			if _, err := os.Stat(p); err == nil {
-				break
-			}
-			missing = append([]string{p}, missing...)
+		for k, v := range secret.Data {
+			out[k] = string(v)
 		}
-		for _, p := range missing {
-			if err := os.Mkdir(p, 0o755); err != nil && !os.IsExist(err) {
-				return nil, fmt.Errorf("creating mount point %s: %w", p, err)
-			}
+	case from.ConfigMapRef != nil:
+		var cm corev1.ConfigMap
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: from.ConfigMapRef.Name}, &cm)
+		if apierrors.IsNotFound(err) && isTrue(from.ConfigMapRef.Optional) {
+			return out, nil
 		}
-		m.created[path] = missing
+		if apierrors.IsNotFound(err) {
+			return nil, configError("envFrom: config map %s/%s not found", namespace, from.ConfigMapRef.Name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range cm.Data {
+			out[k] = v
+		}
 	}
-	m.users[path]++
-	return func() { m.release(path) }, nil
+	return out, nil
 }
 
-func (m *mountPoints) release(path string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.users[path]--
-	if m.users[path] > 0 {
-		return
+func envLookup(env []string) func(string) (string, bool) {
+	m := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
 	}
-	delete(m.users, path)
-	dirs := m.created[path]
-	delete(m.created, path)
-	for i := len(dirs) - 1; i >= 0; i-- {
-		_ = os.Remove(dirs[i]) // only empty directories go; anything else was not ours alone
+	return func(n string) (string, bool) { v, ok := m[n]; return v, ok }
+}
+
+// expandEnv resolves the kubelet's $(NAME) references in an env value, command or arg:
+// a defined variable is replaced, an undefined reference is kept as written, and $$ is a
+// literal $ (so $$(NAME) stays $(NAME)).
+func expandEnv(s string, lookup func(string) (string, bool)) string {
+	if !strings.Contains(s, "$") {
+		return s
 	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+		case '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end < 0 {
+				b.WriteString(s[i:])
+				return b.String()
+			}
+			name := s[i+2 : i+2+end]
+			if v, ok := lookup(name); ok {
+				b.WriteString(v)
+			} else {
+				b.WriteString(s[i : i+3+end])
+			}
+			i += 2 + end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String()
+}
+
+// writeCredentials does what Tekton's credential initialisation does for registries: the
+// docker credentials among the Secrets of the TaskRun's ServiceAccount (kubernetes.io/
+// dockerconfigjson, kubernetes.io/dockercfg, and kubernetes.io/basic-auth annotated
+// tekton.dev/docker-*) become one .docker/config.json under /tekton/creds, which every step
+// finds copied into its $HOME. Git credentials are not implemented and fail the run.
+func (s *StandIn) writeCredentials(ctx context.Context, tr *pipelinev1.TaskRun, dir string) error {
+	var sa corev1.ServiceAccount
+	if err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: serviceAccountOf(tr)}, &sa); err != nil {
+		return fmt.Errorf("service account %s: %w", serviceAccountOf(tr), err)
+	}
+	auths := map[string]json.RawMessage{}
+	basic := map[string]json.RawMessage{} // annotated basic-auth secrets win, as in Tekton
+	for _, ref := range sa.Secrets {
+		var secret corev1.Secret
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: ref.Name}, &secret)
+		if apierrors.IsNotFound(err) {
+			continue // Tekton warns and goes on
+		}
+		if err != nil {
+			return err
+		}
+		for k := range secret.Annotations {
+			if strings.HasPrefix(k, "tekton.dev/git-") {
+				return unsupported("git credentials (secret %s of service account %s)", secret.Name, sa.Name)
+			}
+		}
+		switch secret.Type {
+		case corev1.SecretTypeDockerConfigJson:
+			var cfg struct {
+				Auths map[string]json.RawMessage `json:"auths"`
+			}
+			if err := json.Unmarshal(secret.Data[corev1.DockerConfigJsonKey], &cfg); err != nil {
+				return fmt.Errorf("secret %s: %s: %w", secret.Name, corev1.DockerConfigJsonKey, err)
+			}
+			for k, v := range cfg.Auths {
+				auths[k] = v
+			}
+		case corev1.SecretTypeDockercfg:
+			var cfg map[string]json.RawMessage
+			if err := json.Unmarshal(secret.Data[corev1.DockerConfigKey], &cfg); err != nil {
+				return fmt.Errorf("secret %s: %s: %w", secret.Name, corev1.DockerConfigKey, err)
+			}
+			for k, v := range cfg {
+				auths[k] = v
+			}
+		case corev1.SecretTypeBasicAuth:
+			for k, registry := range secret.Annotations {
+				if !strings.HasPrefix(k, "tekton.dev/docker-") {
+					continue
+				}
+				user, pass := string(secret.Data[corev1.BasicAuthUsernameKey]), string(secret.Data[corev1.BasicAuthPasswordKey])
+				entry, _ := json.Marshal(map[string]string{"username": user, "password": pass,
+					"auth": base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))})
+				basic[registry] = entry
+			}
+		}
+	}
+	for k, v := range basic {
+		auths[k] = v
+	}
+	if len(auths) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(map[string]any{"auths": auths})
+	if err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, ".docker", "config.json"), data, 0o600)
 }
 
 func writeFile(path string, data []byte, mode os.FileMode) error {
