@@ -172,3 +172,46 @@ func TestReport(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotRoundTrip: what the controller stores brings back every usable platform's
+// settings and nothing broken, and serves as Merge's prev after a restart.
+func TestSnapshotRoundTrip(t *testing.T) {
+	cfg, _ := Parse(with(map[string]string{"max-tasks-per-namespace": "4", "user-key-type": "rsa-3072"}, "dynamic.linux-ppc64le.key"))
+	data, err := cfg.Snapshot().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := UnmarshalSnapshot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := back.Strategy("linux/ppc64le"); ok {
+		t.Error("a broken platform was stored as if it were good")
+	}
+	for _, p := range cfg.UsablePlatforms() {
+		if !back.Usable(p) {
+			t.Errorf("%s lost in the snapshot", p)
+		}
+	}
+	if h := back.Host("s390x-2"); h == nil || h.Address != "s390x-2.builders.example.com:2222" || h.Concurrency != 2 {
+		t.Errorf("host s390x-2 back as %+v", h)
+	}
+	if d := back.Dynamic["linux/arm64"]; d == nil || d.Settings["ami"] != "ami-0123" || d.AllocationTimeout != cfg.Dynamic["linux/arm64"].AllocationTimeout {
+		t.Errorf("linux/arm64 back as %+v", d)
+	}
+	if back.MaxTasksPerNamespace != 4 || back.UserKeyType != KeyTypeRSA3072 {
+		t.Errorf("globals back as %d, %s", back.MaxTasksPerNamespace, back.UserKeyType)
+	}
+	again, _ := back.Snapshot().Marshal()
+	if string(again) != string(data) {
+		t.Error("a snapshot of a restored snapshot differs: the controller would rewrite it on every start")
+	}
+	next, _ := Parse(with(map[string]string{"dynamic.linux-arm64.max-instances": "many"}))
+	merged, kept := Merge(back, next)
+	if d := merged.Dynamic["linux/arm64"]; len(kept) != 1 || d == nil || d.MaxInstances != 10 {
+		t.Errorf("after a restart a broken edit must still fall back to the stored settings: kept %v, %+v", kept, d)
+	}
+	if _, err := UnmarshalSnapshot([]byte(`{"platforms":{"linux/arm64":"dynamic"},"hosts":[{"Name":"a","Platform":"linux/arm64"}]}`)); err == nil {
+		t.Error("a stored host of a platform not served statically must be refused")
+	}
+}

@@ -78,6 +78,7 @@ type Watcher struct {
 	Recorder  events.EventRecorder
 
 	applied string // resourceVersion last applied or rejected, so resyncs do no work
+	stored  []byte // the snapshot last stored in InForceConfigMap
 }
 
 // SetupWithManager registers the watcher.
@@ -105,6 +106,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 	case 0:
 		configValid.Set(0)
 		w.applied = ""
+		w.restoreLastGood(ctx, log)
 		if w.Store.Config() == nil {
 			log.Info("no host-config ConfigMap found; tasks that need a platform fail with an error secret until one is created", "label", ConfigLabel)
 		} else {
@@ -121,6 +123,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 			len(names), ConfigLabel, strings.Join(names, ", "))
 		configValid.Set(0)
 		w.applied = ""
+		w.restoreLastGood(ctx, log)
 		log.Error(nil, msg)
 		for i := range list.Items {
 			w.Recorder.Eventf(&list.Items[i], nil, corev1.EventTypeWarning, ReasonAmbiguous, "Validate", msg)
@@ -134,6 +137,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 	}
 	next, problems := config.Parse(cm.Data)
 	if fatal := next.Fatal(); len(fatal) > 0 {
+		w.restoreLastGood(ctx, log)
 		w.Store.Reject(next, problems)
 		configValid.Set(0)
 		kept := "no config is in force yet, so every task fails with an error secret saying why"
@@ -147,11 +151,15 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 		return reconcile.Result{}, nil
 	}
 
-	cfg, kept := config.Merge(w.Store.Config(), next)
+	cfg, kept := config.Merge(w.lastGood(ctx, log), next)
 	w.Store.Apply(cfg)
-	w.applied = cm.ResourceVersion
 	w.report(cm, cfg, problems, kept, log)
 	w.checkSecrets(ctx, cm, cfg, log)
+	if err := w.storeInForce(ctx, cfg); err != nil {
+		// Retried: until it is stored, a restart would lose the last good settings.
+		return reconcile.Result{}, fmt.Errorf("storing the config in force in %s: %w", InForceConfigMap, err)
+	}
+	w.applied = cm.ResourceVersion
 	return reconcile.Result{}, nil
 }
 

@@ -12,10 +12,12 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
@@ -164,6 +166,14 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 		t.Errorf("berth_platform_usable{linux/s390x} = %v, want 1", v)
 	}
 
+	// A restarted controller finds the broken edit in the ConfigMap and falls back on the
+	// stored config in force, exactly as the running one did.
+	restarted := restartedWatcher(t)
+	if cfg := restarted.Store.Config(); cfg == nil || cfg.Dynamic["linux/arm64"] == nil || cfg.Dynamic["linux/arm64"].MaxInstances != 10 ||
+		cfg.Host("s390x-1") == nil || cfg.Host("s390x-1").Concurrency != 2 || cfg.Host("s390x-2").Concurrency != 3 || cfg.Usable("linux/riscv64") {
+		t.Fatalf("after a restart the last good settings are lost: %+v", cfg)
+	}
+
 	// An edit that leaves no platform at all is rejected whole; everything stays.
 	inForce := store.Config()
 	broken := cm.DeepCopy()
@@ -179,6 +189,9 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 	}
 	if _, problems := store.Rejected(); len(problems.Errors()) != 1 {
 		t.Fatalf("Rejected() problems = %s, want the one fatal error", problems.Summary())
+	}
+	if cfg := restartedWatcher(t).Store.Config(); cfg == nil || !cfg.Usable("linux/arm64") || len(cfg.HostsFor("linux/s390x")) != 2 {
+		t.Fatalf("a controller restarted on a wholly broken ConfigMap must keep serving what was in force: %+v", cfg)
 	}
 
 	// The fix removes s390x-2 and raises s390x-1.
@@ -204,6 +217,16 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 	if _, problems := store.Rejected(); problems != nil {
 		t.Fatalf("a rejected config is still reported after the fix: %s", problems.Summary())
 	}
+}
+
+// restartedWatcher judges the ConfigMap as a freshly started controller would: an empty store.
+func restartedWatcher(t *testing.T) *Watcher {
+	t.Helper()
+	w := &Watcher{Client: cp.Client, APIReader: cp.Client, Namespace: ns, Store: NewStore(), Recorder: events.NewFakeRecorder(100)}
+	if _, err := w.Reconcile(context.Background(), reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
 
 func TestMissingSecretIsReported(t *testing.T) {
