@@ -375,3 +375,32 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// A build task pulls the image it built from an OCI layout, `buildah pull oci:<dir>:<name>`, and
+// pushes it by <name>: the step's buildah names the pull as the task image's buildah does.
+func TestBuildahNamesAnOCIPullAfterItsReference(t *testing.T) {
+	needRoot(t)
+	ns := namespace(t)
+	tr := &pipelinev1.TaskRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "oci-pull", Namespace: ns},
+		Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{
+			Results: []pipelinev1.TaskResult{{Name: "names"}},
+			Steps: []pipelinev1.Step{{Name: "pull", Image: "x", Env: []corev1.EnvVar{{Name: "STORAGE_DRIVER", Value: "vfs"}}, Script: `#!/bin/bash
+set -euo pipefail
+mkdir -p /tmp/ctx && echo hi >/tmp/ctx/f && printf 'FROM scratch\nCOPY f /\n' >/tmp/ctx/Containerfile
+buildah bud -q -t built /tmp/ctx >/dev/null
+buildah push -q built oci:/tmp/layout:registry.invalid/team/app:dev
+buildah rmi -f built >/dev/null
+buildah pull -q oci:/tmp/layout:registry.invalid/team/app:dev >/dev/null
+buildah images --format '{{.Name}}:{{.Tag}}' | sort | tr '\n' ' ' >$(results.names.path)
+`}}}},
+	}
+	create(t, tr)
+	got := waitFor(t, client.ObjectKeyFromObject(tr), "finished", done)
+	if !got.IsSuccessful() {
+		t.Fatalf("the pull failed: %+v", condition(got))
+	}
+	if names := result(got, "names"); !strings.Contains(names, "registry.invalid/team/app:dev") {
+		t.Errorf("images after the pull: %q; want one named registry.invalid/team/app:dev", names)
+	}
+}

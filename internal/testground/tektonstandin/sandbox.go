@@ -19,6 +19,15 @@ import (
 //go:embed tools/retry
 var retryTool []byte
 
+// buildahFront stands in front of Debian's buildah so that it names images as the task images'
+// newer buildah does; see tools/buildah.
+//
+//go:embed tools/buildah
+var buildahFront []byte
+
+// realBuildah is where a step finds Debian's own buildah behind the front.
+const realBuildah = "/usr/libexec/tekton-standin/buildah"
+
 // sandbox is one step's view of the machine, built as a container runtime builds a
 // container's: the step runs in its own mount and PID namespaces, chrooted into an overlay of
 // the machine's root filesystem whose writes land in the sandbox's own directory. So a script
@@ -112,6 +121,14 @@ func (sb *sandbox) run(ctx context.Context, argv []string, out io.Writer) (int, 
 		return -1, err
 	}
 	mounts = append(mounts, sandboxMount{source: tool, target: "/usr/bin/retry", readOnly: true})
+	if real, err := exec.LookPath("buildah"); err == nil {
+		front := filepath.Join(sb.dir, "buildah")
+		if err := writeFile(front, buildahFront, 0o755); err != nil {
+			return -1, err
+		}
+		mounts = append(mounts, sandboxMount{source: real, target: realBuildah, readOnly: true},
+			sandboxMount{source: front, target: "/usr/bin/buildah", readOnly: true})
+	}
 	for _, m := range mounts {
 		if !filepath.IsAbs(m.target) || filepath.Clean(m.target) == "/" {
 			return -1, invalid("mount path %q must be an absolute path below /", m.target)
