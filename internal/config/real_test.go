@@ -143,3 +143,24 @@ func TestARealStaticHostBrokenIsLeftOutAlone(t *testing.T) {
 		t.Fatal("no real config has static hosts: the test proves nothing")
 	}
 }
+
+// BenchmarkParseRealConfigs parses and merges every real config once per iteration: the work a
+// hot reload does before it can swap the config in.
+func BenchmarkParseRealConfigs(b *testing.B) {
+	files, err := realdata.HostConfigs()
+	if err != nil {
+		b.Fatal(err)
+	}
+	prev := make([]*Config, len(files))
+	for i, f := range files {
+		prev[i], _ = Parse(f.Data)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for i, f := range files {
+			next, _ := Parse(f.Data)
+			Merge(prev[i], next)
+		}
+	}
+	b.ReportMetric(float64(len(files)), "configs/op")
+}
