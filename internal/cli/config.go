@@ -150,17 +150,17 @@ func problemDocs(ps config.Problems) []problemDoc {
 	return out
 }
 
-// judge groups cfg's problems, and the extra ones found outside the data, by platform.
+// judge takes cfg's verdict per platform and adds the problems found outside its data (the
+// secrets it names, the ConfigMap's label) where they belong.
 func judge(cfg *config.Config, extra config.Problems) verdict {
-	all := append(append(config.Problems{}, cfg.Problems()...), extra...)
-	v := verdict{all: all, doc: validateDoc{Platforms: []platformDoc{}}}
-	byPlatform := map[config.Platform]config.Problems{}
-	var file config.Problems
-	for _, p := range all {
+	v := verdict{all: append(append(config.Problems{}, cfg.Problems()...), extra...), doc: validateDoc{Platforms: []platformDoc{}}}
+	file := cfg.FileProblems()
+	extraOf := map[config.Platform]config.Problems{}
+	for _, p := range extra {
 		if p.Platform == "" {
 			file = append(file, p)
 		} else {
-			byPlatform[p.Platform] = append(byPlatform[p.Platform], p)
+			extraOf[p.Platform] = append(extraOf[p.Platform], p)
 		}
 	}
 	for _, r := range cfg.Report() {
@@ -168,7 +168,7 @@ func judge(cfg *config.Config, extra config.Problems) verdict {
 			v.unusable++
 		}
 		v.doc.Platforms = append(v.doc.Platforms, platformDoc{Platform: string(r.Platform), Strategy: string(r.Strategy),
-			Capacity: r.Capacity, Usable: r.Usable, Problems: problemDocs(byPlatform[r.Platform])})
+			Capacity: r.Capacity, Usable: r.Usable, Problems: problemDocs(append(r.Problems, extraOf[r.Platform]...))})
 	}
 	v.doc.Problems = problemDocs(file)
 	for _, p := range file.Errors() {

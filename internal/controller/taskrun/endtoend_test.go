@@ -6,10 +6,8 @@ import (
 	"testing"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/hostops"
 )
 
@@ -106,16 +104,7 @@ func TestEndToEndThroughInternalTaskRuns(t *testing.T) {
 	defer restartController(t, controllerOptions())
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
-	wc, err := client.NewWithWatch(stack.ControlPlane.Config, client.Options{Scheme: stack.ControlPlane.Client.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := wc.Watch(context.Background(), &pipelinev1.TaskRunList{}, client.InNamespace(devstack.Namespace),
-		client.MatchingLabels{contract.TaskTypeLabel: contract.TaskTypeProvision})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watchProvisions(t)
 	tr := create(t, userTaskRun(ns, "build", platform, remoteBuild))
 	user := hostops.UserName(string(tr.UID), 1)
 	if secret := secretOf(t, tr); !strings.HasPrefix(string(secret.Data["host"]), user+"@") {

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/berth-ci/berth/internal/kubescheme"
+	"github.com/berth-ci/berth/internal/testground/repo"
 )
 
 // KubernetesVersion is the version `make testbin` builds; hack/tools/go.mod pins the same one
@@ -214,20 +215,4 @@ func TektonCRDDir() (string, error) {
 }
 
 // RepoRoot walks up from the working directory to berth's go.mod.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.HasPrefix(bytes.TrimSpace(data), []byte("module "+modulePath+"\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the berth repository: run from its checkout (the directory holding go.mod of " + modulePath + ")")
-		}
-		dir = parent
-	}
-}
+func RepoRoot() (string, error) { return repo.Root() }

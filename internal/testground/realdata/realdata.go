@@ -4,26 +4,24 @@
 package realdata
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-ci/berth/internal/testground/repo"
 )
 
 // Dir is ../shared/real beside the repository, or an error saying where it was looked for.
 func Dir() (string, error) {
-	_, self, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("cannot tell where the realdata package is")
+	root, err := repo.Root()
+	if err != nil {
+		return "", err
 	}
-	// self is <repo>/internal/testground/realdata/realdata.go
-	repo := filepath.Clean(filepath.Join(filepath.Dir(self), "..", "..", ".."))
-	dir := filepath.Join(filepath.Dir(repo), "shared", "real")
+	dir := filepath.Join(filepath.Dir(root), "shared", "real")
 	if _, err := os.Stat(filepath.Join(dir, "host-config")); err != nil {
 		return "", fmt.Errorf("the real deployment data is missing: want %s (../shared/real beside the repository): %w", dir, err)
 	}
