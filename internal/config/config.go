@@ -81,10 +81,33 @@ type DynamicPlatform struct {
 	AllocationTimeout time.Duration
 	CheckInterval     time.Duration
 	HostKey           string
+	// MinIdle is how many ready slots berth keeps free on this platform's VMs (berth's own
+	// key, min-idle): on a dynamic platform that many idle VMs, on a pool that many free slots.
+	MinIdle int
+	// MaxAge, on a dynamic platform with MinIdle, is how long a warm VM may wait for a task
+	// before it is replaced (pools have Pool.MaxAge).
+	MaxAge time.Duration
 	// Pool is set for dynamic-pool platforms: VMs are reused by several tasks.
 	Pool *Pool
 	// Settings are the provider's own keys (region, ami, ...), checked against its schema.
 	Settings map[string]string
+}
+
+// SlotsPerVM is how many tasks one VM of the platform takes at once.
+func (d *DynamicPlatform) SlotsPerVM() int {
+	if d.Pool != nil {
+		return d.Pool.Concurrency
+	}
+	return 1
+}
+
+// VMMaxAge is how long a VM of the platform may take new tasks: the pool's max-age, or on a
+// dynamic platform the warm VMs' max-age (0: no limit).
+func (d *DynamicPlatform) VMMaxAge() time.Duration {
+	if d.Pool != nil {
+		return d.Pool.MaxAge
+	}
+	return d.MaxAge
 }
 
 // Pool are the settings only pooled platforms have.

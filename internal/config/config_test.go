@@ -193,7 +193,9 @@ func TestProblemsNameTheKey(t *testing.T) {
 		{"pool max-age too old", with(map[string]string{"dynamic.linux-ppc64le.max-age": "2000"}), Error, "dynamic.linux-ppc64le.max-age", "from 1 to 1440"},
 		{"pool without max-age", with(nil, "dynamic.linux-ppc64le.max-age"), Error, "dynamic.linux-ppc64le.max-age", "missing; it is required"},
 		{"pool without concurrency", with(nil, "dynamic.linux-ppc64le.concurrency"), Error, "dynamic.linux-ppc64le.concurrency", "missing; it is required"},
-		{"pool key on plain dynamic", with(map[string]string{"dynamic.linux-arm64.max-age": "60"}), Warning, "dynamic.linux-arm64.max-age", "only platforms in dynamic-pool-platforms"},
+		{"pool key on plain dynamic", with(map[string]string{"dynamic.linux-arm64.concurrency": "4"}), Warning, "dynamic.linux-arm64.concurrency", "only platforms in dynamic-pool-platforms"},
+		{"max-age on dynamic without min-idle", with(map[string]string{"dynamic.linux-arm64.max-age": "60"}), Warning, "dynamic.linux-arm64.max-age", "min-idle is not set"},
+		{"min-idle out of range", with(map[string]string{"dynamic.linux-arm64.min-idle": "-1"}), Error, "dynamic.linux-arm64.min-idle", ""},
 		// unknown keys
 		{"global typo", with(map[string]string{"alowed-namespaces": "x"}), Warning, "alowed-namespaces", "did you mean allowed-namespaces?"},
 		{"section typo", with(map[string]string{"hosts.a.address": "x"}), Warning, "hosts.a.address", "did you mean host.<name>.<field>?"},

@@ -327,6 +327,8 @@ func (p *parser) parseDynamic() {
 		schema := maps.Clone(dynamicKeys)
 		if pooled {
 			maps.Copy(schema, poolKeys)
+		} else {
+			maps.Copy(schema, dynamicOnlyKeys)
 		}
 		maps.Copy(schema, provider)
 		p.checkFields(fields, schema, func(field string) string { return p.misplacedField(field, d.Type, pooled) }, fail, warn)
@@ -337,6 +339,15 @@ func (p *parser) parseDynamic() {
 		}
 		d.AllocationTimeout = p.seconds(fields, "allocation-timeout", defaultAllocTimeout, fail)
 		d.CheckInterval = p.seconds(fields, "check-interval", defaultCheckInterval, fail)
+		if raw, ok := fields["min-idle"]; ok {
+			d.MinIdle = p.intInRange(raw, 0, maxInstances, "idle slots kept ready", func(msg string) { fail("min-idle", "%s", msg) })
+		}
+		if raw, ok := fields["max-age"]; ok && !pooled {
+			d.MaxAge = time.Duration(p.intInRange(raw, 1, maxPoolAgeMinutes, "minutes a warm VM may wait", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
+			if d.MinIdle == 0 {
+				warn("max-age", "ignored: on a dynamic platform max-age bounds the life of warm VMs, and min-idle is not set; each VM serves one task and goes")
+			}
+		}
 		if pooled {
 			d.Pool = &Pool{}
 			if raw, ok := fields["concurrency"]; ok {

@@ -45,7 +45,7 @@ var hostKeys = map[string]field{
 
 // dynamicKeys are the fields of dynamic.<platform>.<field> for every provider.
 var dynamicKeys = map[string]field{
-	"type":               {kind: kindString, required: true, help: "the cloud provider: aws, ibmz or ibmp"},
+	"type":               {kind: kindString, required: true, help: "the cloud provider: aws, ibmz, ibmp or local-vm"},
 	"max-instances":      {kind: kindInt, required: true, help: "how many VMs berth may run at once for this platform"},
 	"ssh-secret":         {kind: kindString, required: true, help: "the secret holding the SSH key the VMs accept, under id_rsa"},
 	"instance-tag":       {kind: kindString},
@@ -53,6 +53,14 @@ var dynamicKeys = map[string]field{
 	"allocation-timeout": {kind: kindInt},
 	"check-interval":     {kind: kindInt},
 	"host-key":           {kind: kindString},
+	// berth's own: how many ready VMs (pool: free slots) to keep so a task starts without a boot.
+	"min-idle": {kind: kindInt},
+}
+
+// dynamicOnlyKeys are fields berth reads on dynamic (not pooled) platforms only: max-age bounds
+// the life of the warm VMs that min-idle keeps.
+var dynamicOnlyKeys = map[string]field{
+	"max-age": {kind: kindInt},
 }
 
 // poolKeys are the extra fields of platforms in dynamic-pool-platforms.
@@ -110,6 +118,12 @@ var providerKeys = map[string]map[string]field{
 		"disk":      {kind: kindInt},
 		"user-data": {kind: kindString},
 	},
+	// berth's own cloud for development and tests (the dev stack and bench run it): VMs that
+	// are real SSH hosts of the test ground, reached over HTTP.
+	"local-vm": {
+		"endpoint": {kind: kindString, required: true, help: "the local VM cloud's URL, like http://127.0.0.1:8790"},
+		"secret":   {kind: kindString, required: true, help: "the secret holding the cloud's API key under api-key"},
+	},
 }
 
 // providerSecretKeys names, per provider, the field holding the cloud credentials secret and
@@ -118,9 +132,10 @@ var providerSecretKeys = map[string]struct {
 	field string
 	keys  []string
 }{
-	"aws":  {field: "aws-secret", keys: []string{"access-key-id", "secret-access-key"}},
-	"ibmz": {field: "secret", keys: []string{"api-key"}},
-	"ibmp": {field: "secret", keys: []string{"api-key"}},
+	"aws":      {field: "aws-secret", keys: []string{"access-key-id", "secret-access-key"}},
+	"ibmz":     {field: "secret", keys: []string{"api-key"}},
+	"ibmp":     {field: "secret", keys: []string{"api-key"}},
+	"local-vm": {field: "secret", keys: []string{"api-key"}},
 }
 
 // Limits. Concurrency is bounded so that a typo (40 for 4) cannot pile a host with builds.

@@ -1,0 +1,173 @@
+// Package cloud is the boundary between berth and the clouds it launches VMs in: one small
+// Provider interface, typed errors that say what berth should do about a failure, and a
+// registry where each provider package adds itself by one line. It is plain Go; providers
+// are adapters over their cloud's own SDK or HTTP API.
+package cloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// State is where an instance is in its life.
+type State string
+
+const (
+	StatePending State = "pending" // launched, not running yet
+	StateRunning State = "running" // running; Address is set once the cloud knows it
+	StateGone    State = "gone"    // terminated or terminating: it will never serve a task
+)
+
+// Instance is a VM as its cloud reports it.
+type Instance struct {
+	ID string
+	// Token is the launch token the instance was created with (see LaunchRequest.Token).
+	Token      string
+	State      State
+	Address    string
+	Tags       map[string]string
+	LaunchedAt time.Time
+}
+
+// LaunchRequest asks for one VM.
+type LaunchRequest struct {
+	// Token makes the launch idempotent: a second Launch with the same token returns the
+	// instance the first one made instead of making another. berth saves it in the VM's
+	// record before calling Launch, so a crash between the two never launches twice.
+	Token string
+	// Name is a readable name for the instance, unique per token.
+	Name string
+	// Tags are put on the instance; List finds instances by them.
+	Tags map[string]string
+}
+
+// Provider launches and ends VMs of one platform in one cloud account.
+type Provider interface {
+	// Launch starts a VM, or returns the one already started with req.Token.
+	Launch(ctx context.Context, req LaunchRequest) (Instance, error)
+	// Get reports one instance; an error of kind NotFound once the cloud has forgotten it.
+	Get(ctx context.Context, id string) (Instance, error)
+	// List returns every instance (not yet gone) carrying all of the tags.
+	List(ctx context.Context, tags map[string]string) ([]Instance, error)
+	// Terminate ends an instance; one that is already gone is a success.
+	Terminate(ctx context.Context, id string) error
+	// AdminUser is the user berth logs in as, with the platform's ssh-secret, to create
+	// build users.
+	AdminUser() string
+}
+
+// Kind says what berth should do about a failed call.
+type Kind int
+
+const (
+	// Transient failures (network, 5xx) are retried.
+	Transient Kind = iota
+	// Capacity: the cloud has no such VM to give now; retried with backoff, and tasks that
+	// waited longer than the platform's allocation timeout get an error.
+	Capacity
+	// Throttled: the API refused to answer so fast; retried after RetryAfter.
+	Throttled
+	// Quota: the account may not run more; like Capacity, but an operator must act.
+	Quota
+	// NotFound: no such instance (Terminate treats it as done).
+	NotFound
+	// BadConfig: the request can never succeed as configured (bad image, bad type).
+	BadConfig
+	// Auth: the credentials are missing, malformed or refused.
+	Auth
+)
+
+func (k Kind) String() string {
+	return [...]string{"transient", "insufficient capacity", "throttled", "quota exceeded", "not found", "bad configuration", "authentication failed"}[k]
+}
+
+// Permanent kinds cannot be cured by retrying: the platform's waiting tasks get an error at once.
+func (k Kind) Permanent() bool { return k == BadConfig || k == Auth }
+
+// Error is a provider failure of a known kind.
+type Error struct {
+	Kind Kind
+	// Op is the call that failed (launch, get, list, terminate).
+	Op string
+	// RetryAfter is how long the cloud asked berth to wait, if it said.
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s: %v", e.Op, e.Kind, e.Err) }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf makes an Error.
+func Errorf(kind Kind, op, format string, args ...any) *Error {
+	return &Error{Kind: kind, Op: op, Err: fmt.Errorf(format, args...)}
+}
+
+// KindOf returns the kind of err; Transient for errors that carry none.
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return Transient
+}
+
+// RetryAfterOf returns how long the cloud asked berth to wait before the next call, or 0.
+func RetryAfterOf(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.RetryAfter
+	}
+	return 0
+}
+
+// Settings are what a provider is built from: the platform's provider keys from the config
+// (region, ami, endpoint, ...) and a way to read the Secrets they name.
+type Settings struct {
+	Platform string
+	Values   map[string]string
+	// Secret reads a Secret of the controller's namespace on demand; providers never keep
+	// credentials longer than a call needs them and never log them.
+	Secret func(ctx context.Context, name string) (map[string][]byte, error)
+}
+
+// Factory builds a provider of one type.
+type Factory func(s Settings) (Provider, error)
+
+var (
+	mu        sync.RWMutex
+	factories = map[string]Factory{}
+)
+
+// Register adds a provider type; a provider package calls it from init.
+func Register(typ string, f Factory) {
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := factories[typ]; dup {
+		panic("cloud: provider type " + typ + " registered twice")
+	}
+	factories[typ] = f
+}
+
+// New builds a provider of the given type; an error of kind BadConfig if no such type is
+// registered.
+func New(typ string, s Settings) (Provider, error) {
+	mu.RLock()
+	f, ok := factories[typ]
+	mu.RUnlock()
+	if !ok {
+		return nil, Errorf(BadConfig, "setup", "this berth has no provider of type %q (it has %v)", typ, Types())
+	}
+	return f(s)
+}
+
+// Types lists the registered provider types.
+func Types() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	return slices.Sorted(maps.Keys(factories))
+}
