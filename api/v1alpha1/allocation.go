@@ -44,6 +44,9 @@ type HostLogin struct {
 	HostKey string `json:"hostKey,omitempty"`
 	// Platform is the platform the host serves (it decides how users are made there).
 	Platform string `json:"platform"`
+	// Instance is the cloud instance id when the host is a VM berth launched: once its record
+	// is gone, the VM is too, and nothing is owed to it any more.
+	Instance string `json:"instance,omitempty"`
 }
 
 // Debt is a build user that must be removed from a host.

@@ -7,13 +7,66 @@ import (
 // BuildHostSpec is what an operator decides about a host.
 type BuildHostSpec struct {
 	// HostName is the host's name in the config (the record's name may differ: it must be a
-	// DNS name).
-	HostName string `json:"hostName"`
+	// DNS name). Empty on a VM's record, whose own name is the host's.
+	HostName string `json:"hostName,omitempty"`
 	// Drained hosts take no new task; running tasks finish (berth host drain / undrain).
 	Drained bool `json:"drained,omitempty"`
 	// Forget asks berth to drop every build user still owed to this host (berth host forget):
 	// for a host that is gone for good. berth clears it once done and leaves the host drained.
 	Forget bool `json:"forget,omitempty"`
+	// Instance is set on the record of a VM berth launched: what it asked the cloud for. The
+	// record is written before the cloud is called, so a VM is never launched unrecorded.
+	Instance *InstanceSpec `json:"instance,omitempty"`
+}
+
+// InstanceSpec is berth's intent for one VM.
+type InstanceSpec struct {
+	Platform string `json:"platform"`
+	// Provider is the platform's provider type when the VM was launched (aws, local-vm, ...).
+	Provider string `json:"provider"`
+	// AdminUser and AdminSecret are how berth logs in to the VM (the provider's user and the
+	// platform's ssh-secret), copied at launch so that cleanup works whatever the config says
+	// later.
+	AdminUser   string `json:"adminUser"`
+	AdminSecret string `json:"adminSecret"`
+	// Slots is how many tasks the VM takes at once (a pool's concurrency, else 1).
+	Slots int `json:"slots"`
+	// Pooled VMs are reused by many tasks; the others serve one task each and go.
+	Pooled bool `json:"pooled,omitempty"`
+	// Attempt numbers the launches of this record: the cloud's idempotency token is the
+	// record's UID and the attempt, so a relaunch after a lost instance gets a new VM and a
+	// repeated call after a crash gets the same one.
+	Attempt int `json:"attempt"`
+	// Retire stops the VM taking new tasks; it is terminated once its last task is cleaned.
+	Retire string `json:"retire,omitempty"`
+}
+
+// InstancePhase is where a VM is in its life.
+type InstancePhase string
+
+const (
+	// InstanceLaunching: recorded; the cloud is being asked for it.
+	InstanceLaunching InstancePhase = "Launching"
+	// InstanceBooting: the cloud gave an instance id; berth waits for its address and SSH.
+	InstanceBooting InstancePhase = "Booting"
+	// InstanceReady: berth logged in and pinned its host key; it takes tasks.
+	InstanceReady InstancePhase = "Ready"
+	// InstanceTerminating: being terminated; the record goes once the cloud confirms.
+	InstanceTerminating InstancePhase = "Terminating"
+)
+
+// InstanceStatus is what berth has seen of the VM.
+type InstanceStatus struct {
+	Phase InstancePhase `json:"phase,omitempty"`
+	ID    string        `json:"id,omitempty"`
+	// HostKey is the key the VM presented at berth's first login (or the configured one): the
+	// only key accepted from it afterwards.
+	HostKey    string       `json:"hostKey,omitempty"`
+	LaunchedAt *metav1.Time `json:"launchedAt,omitempty"`
+	ReadyAt    *metav1.Time `json:"readyAt,omitempty"`
+	// Failures counts failed cloud calls in a row; it spaces out retries.
+	Failures int    `json:"failures,omitempty"`
+	Message  string `json:"message,omitempty"`
 }
 
 // BuildHostStatus is what berth has seen of the host.
@@ -27,14 +80,17 @@ type BuildHostStatus struct {
 	LastCheck        *metav1.Time `json:"lastCheck,omitempty"`
 	// PendingCleans counts build users still to be removed from the host.
 	PendingCleans int `json:"pendingCleans,omitempty"`
+	// Instance is set on a VM's record.
+	Instance *InstanceStatus `json:"instance,omitempty"`
 }
 
-// BuildHost records a static host (and, later, a VM) berth serves from.
+// BuildHost records a static host, or a VM berth launched, that berth serves from.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=bhost
 // +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.spec.hostName`
 // +kubebuilder:printcolumn:name="Platform",type=string,JSONPath=`.status.platform`
+// +kubebuilder:printcolumn:name="VM",type=string,JSONPath=`.status.instance.phase`
 // +kubebuilder:printcolumn:name="Drained",type=boolean,JSONPath=`.spec.drained`
 // +kubebuilder:printcolumn:name="Quarantined",type=boolean,JSONPath=`.status.quarantined`
 // +kubebuilder:printcolumn:name="Pending-Cleans",type=integer,JSONPath=`.status.pendingCleans`
@@ -58,3 +114,12 @@ type BuildHostList struct {
 }
 
 func init() { SchemeBuilder.Register(&BuildHost{}, &BuildHostList{}) }
+
+// Host is the host's name in the ledger and in the records of its tasks: the config's name of a
+// static host, the record's own name for a VM.
+func (b *BuildHost) Host() string {
+	if b.Spec.Instance != nil {
+		return b.Name
+	}
+	return b.Spec.HostName
+}

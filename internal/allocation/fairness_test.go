@@ -15,7 +15,7 @@ func nsReq(ns string, n int) Request {
 // next free slot goes to the namespace served least recently.
 func TestAFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 2}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 2}})
 	for i := range 1000 {
 		l.Acquire(nsReq("flood", i))
 	}
@@ -42,7 +42,7 @@ func TestAFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 // Namespaces take turns: with three namespaces waiting, slots go round.
 func TestNamespacesTakeTurns(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	l.Acquire(nsReq("x", 0))
 	for i := 1; i <= 3; i++ {
 		for _, ns := range []string{"x", "y", "z"} {
@@ -71,7 +71,7 @@ func TestNamespacesTakeTurns(t *testing.T) {
 // tasks ends, its next waiter runs.
 func TestNamespaceCapBoundsOneTenant(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 2}, {"b", "linux/s390x", 2}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 2}, {Name: "b", Platform: "linux/s390x", Capacity: 2}})
 	l.SetNamespaceCaps(map[string]int{"linux/s390x": 2})
 	var held []Task
 	for i := range 4 {
@@ -118,7 +118,7 @@ func BenchmarkHandOverManyNamespaces(b *testing.B) {
 // The place in line a waiter is told is its place in the turns.
 func TestPositionsFollowTheTurns(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	l.Acquire(nsReq("x", 0)) // x holds the slot and was served last
 	for i, ns := range []string{"x", "x", "x", "y", "z", "z"} {
 		l.Acquire(nsReq(ns, i+1))

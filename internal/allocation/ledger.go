@@ -17,11 +17,15 @@ type Task struct{ Namespace, Name string }
 
 func (t Task) String() string { return t.Namespace + "/" + t.Name }
 
-// Host is a static host and how many tasks it takes at once.
+// Host is a host (a static one, or a VM) and how many tasks it takes at once.
 type Host struct {
 	Name     string
 	Platform string
 	Capacity int
+	// VM hosts come and go one by one (PutHost, RetireHost), not with the config (SetHosts).
+	VM bool
+	// SingleUse hosts serve one task in their life: the first reservation retires them.
+	SingleUse bool
 }
 
 // Request is a task asking for a slot on its platform.
@@ -140,7 +144,7 @@ func (l *Ledger) SetHosts(hosts []Host) []Task {
 		l.hosts[h.Name] = &hostState{Host: h, holders: map[Task]struct{}{}}
 	}
 	for name, s := range l.hosts {
-		if !configured[name] {
+		if !configured[name] && !s.VM {
 			s.retired = true
 			if len(s.holders) == 0 {
 				delete(l.hosts, name)
@@ -163,6 +167,9 @@ func (l *Ledger) Restore(task Task, host, platform string) {
 	}
 	s.holders[task] = struct{}{}
 	l.holders[task] = host
+	if s.SingleUse {
+		s.retired = true
+	}
 }
 
 // Adopt records that task holds host, as a TaskRun left by another controller says, if the
@@ -255,8 +262,8 @@ func (l *Ledger) Release(task Task) []Task {
 	delete(l.holders, task)
 	s := l.hosts[host]
 	delete(s.holders, task)
-	if s.retired && len(s.holders) == 0 {
-		delete(l.hosts, host)
+	if s.retired && len(s.holders) == 0 && !s.VM {
+		delete(l.hosts, host) // a VM stays known, closed, until its termination removes it
 	}
 	return l.runnable(s.Platform)
 }
@@ -299,6 +306,9 @@ func (l *Ledger) reserve(task Task, host string) {
 	s := l.hosts[host]
 	s.holders[task] = struct{}{}
 	l.holders[task] = host
+	if s.SingleUse {
+		s.retired = true // its one task is this one
+	}
 	l.seq++
 	if l.served[s.Platform] == nil {
 		l.served[s.Platform] = map[string]uint64{}

@@ -18,7 +18,7 @@ func req(n int, exclude ...string) Request {
 
 func threeHosts() *Ledger {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 2}, {"b", "linux/s390x", 1}, {"c", "linux/s390x", 2}, {"p", "linux/ppc64le", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 2}, {Name: "b", Platform: "linux/s390x", Capacity: 1}, {Name: "c", Platform: "linux/s390x", Capacity: 2}, {Name: "p", Platform: "linux/ppc64le", Capacity: 1}})
 	return l
 }
 
@@ -43,7 +43,7 @@ func TestMostFreeSlotsWinsTiesByName(t *testing.T) {
 
 func TestQueueIsFirstCreatedFirstServed(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	l.Acquire(req(0))
 	// Tasks arrive out of creation order; the queue orders them by creation.
 	for _, n := range []int{3, 1, 2} {
@@ -74,7 +74,7 @@ func TestQueueIsFirstCreatedFirstServed(t *testing.T) {
 
 func TestExcludedWaiterDoesNotBlockTheQueue(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}, {"b", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}, {Name: "b", Platform: "linux/s390x", Capacity: 1}})
 	l.Acquire(req(0))
 	l.Acquire(req(1))
 	l.Acquire(req(2, "a")) // failed on a before
@@ -103,9 +103,9 @@ func TestTaskExcludedFromEveryHostIsBlocked(t *testing.T) {
 
 func TestRemovedHostKeepsItsTasksButTakesNoNewOnes(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}, {"b", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}, {Name: "b", Platform: "linux/s390x", Capacity: 1}})
 	l.Acquire(req(0)) // a
-	l.SetHosts([]Host{{"b", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "b", Platform: "linux/s390x", Capacity: 1}})
 	if h, _ := l.Holder(task(0)); h != "a" {
 		t.Fatal("removing a host from the config dropped the task running there")
 	}
@@ -125,7 +125,7 @@ func TestRemovedHostKeepsItsTasksButTakesNoNewOnes(t *testing.T) {
 
 func TestRestoreRebuildsHoldersEvenBeyondCapacity(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	l.Restore(task(0), "a", "linux/s390x")
 	l.Restore(task(1), "a", "linux/s390x") // the config shrank while both ran
 	if g := l.Acquire(req(2)); g.Host != "" {
@@ -141,7 +141,7 @@ func TestRestoreRebuildsHoldersEvenBeyondCapacity(t *testing.T) {
 
 func TestQuarantinedHostTakesNoTasksUntilReleased(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 2}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 2}})
 	l.Quarantine("a", true)
 	if g := l.Acquire(req(0)); g.Host != "" {
 		t.Fatalf("a quarantined host took a task: %+v", g)
@@ -153,7 +153,7 @@ func TestQuarantinedHostTakesNoTasksUntilReleased(t *testing.T) {
 
 func TestWaiterThatLeavesFreesItsTurn(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	l.Acquire(req(0))
 	l.Acquire(req(1))
 	l.Acquire(req(2))
@@ -167,7 +167,7 @@ func TestWaiterThatLeavesFreesItsTurn(t *testing.T) {
 // and every task is eventually served.
 func TestConcurrentUseNeverOvercommits(t *testing.T) {
 	l := New()
-	hosts := []Host{{"a", "linux/s390x", 2}, {"b", "linux/s390x", 2}, {"c", "linux/s390x", 2}}
+	hosts := []Host{{Name: "a", Platform: "linux/s390x", Capacity: 2}, {Name: "b", Platform: "linux/s390x", Capacity: 2}, {Name: "c", Platform: "linux/s390x", Capacity: 2}}
 	l.SetHosts(hosts)
 	const tasks = 300
 	var wg sync.WaitGroup
@@ -216,7 +216,7 @@ func handOver(b *testing.B, request func(int) Request, tasks int) {
 	l := New()
 	var hosts []Host
 	for i := range 50 {
-		hosts = append(hosts, Host{fmt.Sprintf("h%02d", i), "linux/s390x", 4})
+		hosts = append(hosts, Host{Name: fmt.Sprintf("h%02d", i), Platform: "linux/s390x", Capacity: 4})
 	}
 	l.SetHosts(hosts)
 	var holders []Task
@@ -246,7 +246,7 @@ func handOver(b *testing.B, request func(int) Request, tasks int) {
 
 func TestEnqueuedWaitersKeepTheirTurnAfterARestart(t *testing.T) {
 	l := New()
-	l.SetHosts([]Host{{"a", "linux/s390x", 1}})
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	// Restored: t00 holds a, t01 and t02 were waiting.
 	l.Restore(task(0), "a", "linux/s390x")
 	l.Enqueue(req(2))

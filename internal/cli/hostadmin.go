@@ -47,14 +47,14 @@ func newHostEditCommand(use, short, long, confirm string, edit hostEdit) *cobra.
 			}
 			if created {
 				err = c.Create(cmd.Context(), bh)
-				what += fmt.Sprintf(" (berth had not checked it yet; if no platform of the config lists %q, this does nothing)", bh.Spec.HostName)
+				what += fmt.Sprintf(" (berth had not checked it yet; if no platform of the config lists %q, this does nothing)", bh.Host())
 			} else {
 				err = c.Patch(cmd.Context(), bh, patch)
 			}
 			if err != nil {
 				return fmt.Errorf("writing BuildHost %s/%s: %w", namespace, bh.Name, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "host %s %s\n", bh.Spec.HostName, what)
+			fmt.Fprintf(cmd.OutOrStdout(), "host %s %s\n", bh.Host(), what)
 			return nil
 		},
 	}
@@ -99,7 +99,7 @@ users named in the warning are still on it: remove them by hand.`, "yes",
 			var owed []string
 			for _, rec := range records.Items {
 				for _, d := range rec.Status.Debts {
-					if d.Host == bh.Spec.HostName {
+					if d.Host == bh.Host() {
 						owed = append(owed, d.BuildUser+" (of "+rec.Spec.TaskRun.Key()+")")
 					}
 				}
@@ -122,7 +122,7 @@ func buildHostRecord(ctx context.Context, c client.Client, namespace, host strin
 		return nil, false, fmt.Errorf("listing BuildHosts in %s: %w", namespace, err)
 	}
 	for i := range list.Items {
-		if bh := &list.Items[i]; bh.Name == host || bh.Spec.HostName == host {
+		if bh := &list.Items[i]; bh.Name == host || bh.Host() == host {
 			return bh, false, nil
 		}
 	}

@@ -337,8 +337,8 @@ func (p *parser) parseDynamic() {
 		if raw, ok := fields["max-instances"]; ok {
 			d.MaxInstances = p.intInRange(raw, 1, maxInstances, "VMs at most", func(msg string) { fail("max-instances", "%s", msg) })
 		}
-		d.AllocationTimeout = p.seconds(fields, "allocation-timeout", defaultAllocTimeout, fail)
-		d.CheckInterval = p.seconds(fields, "check-interval", defaultCheckInterval, fail)
+		d.AllocationTimeout = p.seconds(fields, "allocation-timeout", DefaultAllocationTimeout, fail)
+		d.CheckInterval = p.seconds(fields, "check-interval", DefaultCheckInterval, fail)
 		if raw, ok := fields["min-idle"]; ok {
 			d.MinIdle = p.intInRange(raw, 0, maxInstances, "idle slots kept ready", func(msg string) { fail("min-idle", "%s", msg) })
 		}

@@ -140,10 +140,10 @@ var providerSecretKeys = map[string]struct {
 
 // Limits. Concurrency is bounded so that a typo (40 for 4) cannot pile a host with builds.
 const (
-	maxHostConcurrency   = 64
-	maxInstances         = 250
-	maxPoolAgeMinutes    = 24 * 60
-	maxTasksPerNamespace = 10000
-	defaultAllocTimeout  = 600 // seconds
-	defaultCheckInterval = 60  // seconds
+	maxHostConcurrency       = 64
+	maxInstances             = 250
+	maxPoolAgeMinutes        = 24 * 60
+	maxTasksPerNamespace     = 10000
+	DefaultAllocationTimeout = 600 // seconds
+	DefaultCheckInterval     = 60  // seconds
 )

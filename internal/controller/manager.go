@@ -20,6 +20,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
+	"github.com/berth-ci/berth/internal/controller/vms"
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/kubescheme"
@@ -52,6 +53,10 @@ type Options struct {
 	// MirrorRevertInterval is how often at most a tenant's edit of berth's labels on one
 	// TaskRun is reverted (1 minute when zero), so an edit loop cannot drive unbounded writes.
 	MirrorRevertInterval time.Duration
+	// SweepInterval is how often the clouds are listed for leaked instances; LeakGrace how old
+	// an instance without a record must be to be terminated as one.
+	SweepInterval time.Duration
+	LeakGrace     time.Duration
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
@@ -80,6 +85,8 @@ func DefaultOptions() Options {
 		Provisioner:          "ssh",
 		SSHWorkers:           32,
 		MinFreeBytes:         10 << 30,
+		SweepInterval:        time.Minute,
+		LeakGrace:            10 * time.Minute,
 	}
 }
 
@@ -134,7 +141,18 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	default:
 		return nil, fmt.Errorf("--provisioner=%q: want ssh or taskrun", o.Provisioner)
 	}
+	fleet := &vms.Fleet{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
+		Ledger: reconciler.Ledger, Recorder: recorder, Tasks: reconciler,
+		Prober: vms.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
+		Secret: secretReader(mgr.GetAPIReader(), o.Namespace),
+		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace,
+	}
+	reconciler.VMs = fleet
 	if err := reconciler.SetupWithManager(mgr, o.ConcurrentReconciles); err != nil {
+		return nil, err
+	}
+	if err := fleet.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	if err := mgr.Add(&taskrun.HostChecks{Reconciler: reconciler, Interval: o.HostCheckInterval}); err != nil {
@@ -162,6 +180,18 @@ func adminKeyReader(r client.Reader, namespace string) func(context.Context, str
 			return nil, fmt.Errorf("secret %s/%s has no key id_rsa", namespace, name)
 		}
 		return key, nil
+	}
+}
+
+// secretReader reads a Secret of the controller's namespace when a cloud call needs its
+// credentials, past the cache.
+func secretReader(r client.Reader, namespace string) func(context.Context, string) (map[string][]byte, error) {
+	return func(ctx context.Context, name string) (map[string][]byte, error) {
+		var s corev1.Secret
+		if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); err != nil {
+			return nil, err
+		}
+		return s.Data, nil
 	}
 }
 

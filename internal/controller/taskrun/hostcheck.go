@@ -195,7 +195,7 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 
 // syncHost tells the ledger whether the host takes new builds.
 func (r *Reconciler) syncHost(bh *berthv1.BuildHost) {
-	r.wake(r.Ledger.Quarantine(bh.Spec.HostName, bh.Spec.Drained || bh.Status.Quarantined))
+	r.wake(r.Ledger.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined))
 }
 
 // HostRecords applies what operators do to BuildHost records (drain, undrain, forget).
@@ -221,6 +221,21 @@ func (h *HostRecords) Reconcile(ctx context.Context, req reconcile.Request) (rec
 // forgetHost drops every build user owed to the host, frees their slots, and leaves the host
 // drained: for a host that is gone for good.
 func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) error {
+	if err := r.ForgetHost(ctx, bh.Host()); err != nil {
+		return err
+	}
+	next := bh.DeepCopy()
+	next.Spec.Forget, next.Spec.Drained, next.Status.PendingCleans = false, true, 0
+	if err := r.Client.Update(ctx, next); err != nil {
+		return err
+	}
+	r.syncHost(next)
+	return nil
+}
+
+// ForgetHost drops every build user owed to the host and frees the slots they held: for a host
+// gone for good (forgotten by an operator, or a VM berth terminated).
+func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
 	var list berthv1.AllocationList
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return err
@@ -229,7 +244,7 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 		rec := &list.Items[i]
 		var dropped []berthv1.Debt
 		for _, d := range rec.Status.Debts {
-			if d.Host == bh.Spec.HostName {
+			if d.Host == host {
 				dropped = append(dropped, d)
 			}
 		}
@@ -240,15 +255,9 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 			return err
 		}
 		for _, d := range dropped {
-			r.Recorder.Eventf(bh, nil, corev1.EventTypeWarning, "DebtForgotten", "Forget",
-				"build user %s of %s is no longer removed from host %s: the host was forgotten; if it comes back, remove the user by hand", d.BuildUser, rec.Spec.TaskRun.Key(), d.Host)
+			r.Recorder.Eventf(rec, nil, corev1.EventTypeWarning, "DebtForgotten", "Forget",
+				"build user %s of %s is no longer removed from host %s: the host is gone or was forgotten; if it comes back, remove the user by hand", d.BuildUser, rec.Spec.TaskRun.Key(), d.Host)
 		}
 	}
-	next := bh.DeepCopy()
-	next.Spec.Forget, next.Spec.Drained, next.Status.PendingCleans = false, true, 0
-	if err := r.Client.Update(ctx, next); err != nil {
-		return err
-	}
-	r.syncHost(next)
 	return nil
 }

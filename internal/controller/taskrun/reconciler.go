@@ -46,6 +46,8 @@ type Reconciler struct {
 	Recorder    events.EventRecorder
 	Provisioner provision.Provisioner
 	NewKey      KeyPair
+	// VMs serves dynamic and dynamic-pool platforms; without it they get an error secret.
+	VMs VMs
 	// WaitTimeout ends a wait for a host with an error secret; 0 waits forever.
 	WaitTimeout time.Duration
 	// MirrorRevertInterval is the least time between two reverts of a tenant's edit of the
@@ -220,3 +222,9 @@ func (r *Reconciler) secretOf(ctx context.Context, namespace, name string) (*cor
 	}
 	return &s, nil
 }
+
+// Wake reconciles the tasks now (for the VM fleet: a VM became ready, or a launch failed).
+func (r *Reconciler) Wake(tasks []allocation.Task) { r.wake(tasks) }
+
+// Restored tells whether the ledger has been rebuilt from the records.
+func (r *Reconciler) Restored() bool { return r.restored.Load() }

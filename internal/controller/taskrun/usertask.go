@@ -70,7 +70,8 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 		return reconcile.Result{}, r.fail(ctx, tr, "NamespaceNotAllowed", fmt.Sprintf(
 			"namespace %s may not use multi-platform builds (platform %s): it is not in allowed-namespaces of berth's host configuration. Ask the platform team to allow it.", tr.Namespace, platform))
 	}
-	strategy, known := cfg.Strategy(config.Platform(platform))
+	kind, known := cfg.Strategy(config.Platform(platform))
+	strategy := r.strategyFor(kind)
 	switch broken := cfg.Broken(config.Platform(platform)); {
 	case !known:
 		return reconcile.Result{}, r.fail(ctx, tr, "UnknownPlatform", fmt.Sprintf(
@@ -79,13 +80,13 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", fmt.Sprintf(
 			"the host configuration of platform %s is broken, so berth cannot serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
 			platform, broken.Summary(), contract.ConfigLabel, r.Namespace))
-	case strategy == config.StrategyLocal:
+	case strategy == nil:
+		return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", fmt.Sprintf(
+			"platform %s is configured as %s, which this berth does not serve: use a static host or a local platform for it.", platform, kind))
+	case !strategy.holdsHosts():
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
-	case strategy == config.StrategyStatic:
-		return r.reserve(ctx, tr, r.newRecord(tr, strategy))
 	}
-	return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", fmt.Sprintf(
-		"platform %s is configured as %s, which this berth release does not serve yet: use a static host or a local platform for it.", platform, strategy))
+	return r.reserve(ctx, tr, r.newRecord(tr, kind))
 }
 
 func knownPlatforms(cfg *config.Config) string {
@@ -126,8 +127,12 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	case grant.Host == "":
 		return r.wait(ctx, tr, rec, grant.Position)
 	}
-	host := r.Config.Host(grant.Host)
-	if host == nil {
+	strategy := r.strategyFor(config.Strategy(rec.Spec.Strategy))
+	var login berthv1.HostLogin
+	if strategy != nil {
+		login, _ = strategy.login(grant.Host)
+	}
+	if login.Host == "" {
 		r.wake(r.Ledger.Release(task))
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
@@ -137,7 +142,6 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 		return reconcile.Result{}, err
 	}
 	next := rec.DeepCopy()
-	login := loginOf(host)
 	next.Status.Phase = berthv1.PhaseProvisioning
 	next.Status.Login = &login
 	next.Status.Attempt++
@@ -154,7 +158,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	}
 	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
 	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
-	r.event(tr, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; creating build user %s", host.Name, rec.Spec.Platform, next.Status.BuildUser)
+	r.event(tr, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
 	results.add(r.mirror(ctx, tr, next))
 	results.add(r.provision(ctx, tr, next))
@@ -185,6 +189,16 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 			r.wake(r.Ledger.Release(taskOf(tr)))
 			return r.giveUp(ctx, tr, rec, "WaitTimeout", fmt.Sprintf(
 				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
+		}
+	}
+	if strategy := r.strategyFor(config.Strategy(rec.Spec.Strategy)); strategy != nil {
+		reason, message, recheck := strategy.busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
+		if reason != "" {
+			r.wake(r.Ledger.Release(taskOf(tr)))
+			return r.giveUp(ctx, tr, rec, reason, message)
+		}
+		if recheck > 0 && (left == 0 || recheck < left) {
+			left = recheck
 		}
 	}
 	if rec.Status.Phase != berthv1.PhaseWaiting || rec.ResourceVersion == "" {
@@ -459,6 +473,12 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	var failed error
 	var failedDebt berthv1.Debt
 	for _, d := range rec.Status.Debts {
+		if gone, err := r.vmGone(ctx, d.HostLogin); err != nil {
+			return reconcile.Result{}, err
+		} else if gone {
+			paid = append(paid, d) // the VM went with the user on it
+			continue
+		}
 		j := job(rec, d.HostLogin, d.BuildUser)
 		out := r.Provisioner.Clean(ctx, j)
 		switch {
@@ -507,6 +527,16 @@ func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocat
 	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
 		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
 	})
+	for _, d := range settled {
+		if !d.HoldsSlot {
+			continue
+		}
+		if strategy := r.strategyFor(config.Strategy(rec.Spec.Strategy)); strategy != nil {
+			if err := strategy.releasing(ctx, d.Host); err != nil {
+				return err
+			}
+		}
+	}
 	var err error
 	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
 		err = r.drop(ctx, rec)
@@ -634,4 +664,12 @@ func ownerOf(tr *pipelinev1.TaskRun) tasksecret.Owner {
 func (r *Reconciler) stamp() *metav1.Time {
 	t := metav1.NewTime(r.now())
 	return &t
+}
+
+// vmGone tells whether login is a VM that berth has terminated: nothing is owed to it.
+func (r *Reconciler) vmGone(ctx context.Context, login berthv1.HostLogin) (bool, error) {
+	if login.Instance == "" || r.VMs == nil {
+		return false, nil
+	}
+	return r.VMs.Gone(ctx, login.Host)
 }

@@ -1,0 +1,81 @@
+package allocation
+
+// VM hosts enter the ledger one by one, when berth has logged in to them, and leave when
+// they are retired and free. A single-use VM takes its one task and is retired by that.
+
+// PutHost adds a VM host, or updates it, and returns the waiters it lets run. A single-use VM
+// that already held a task (restored from the records) stays retired.
+func (l *Ledger) PutHost(h Host) []Task {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h.VM = true
+	s, ok := l.hosts[h.Name]
+	if !ok {
+		l.hosts[h.Name] = &hostState{Host: h, holders: map[Task]struct{}{}}
+		return l.runnable(h.Platform)
+	}
+	spent := s.SingleUse && s.retired && s.Host.VM
+	s.Host = h
+	s.retired = spent || (h.SingleUse && len(s.holders) > 0)
+	return l.runnable(h.Platform)
+}
+
+// RetireHost stops a VM taking new tasks; its tasks stay until they release it.
+func (l *Ledger) RetireHost(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.hosts[name]; ok {
+		s.retired = true
+	}
+}
+
+// RemoveHost forgets a terminated VM, with whatever still held it.
+func (l *Ledger) RemoveHost(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.hosts[name]; ok {
+		for t := range s.holders {
+			delete(l.holders, t)
+		}
+		delete(l.hosts, name)
+	}
+}
+
+// Occupancy is one host's state in the ledger.
+type Occupancy struct {
+	Used int
+	// Open hosts take new tasks; Retired ones never will again.
+	Open, Retired, Known bool
+}
+
+// HostOccupancy reports how the ledger sees one host.
+func (l *Ledger) HostOccupancy(name string) Occupancy {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.hosts[name]
+	if !ok {
+		return Occupancy{}
+	}
+	return Occupancy{Used: len(s.holders), Open: !s.retired && !s.quarantined, Retired: s.retired, Known: true}
+}
+
+// FreeSlots is how many tasks the platform's open hosts can take now.
+func (l *Ledger) FreeSlots(platform string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, total := l.freeSlots(platform)
+	return total
+}
+
+// Waiters lists the tasks waiting on a platform.
+func (l *Ledger) Waiters(platform string) []Task {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Task
+	for _, q := range l.queues[platform] {
+		for _, w := range q {
+			out = append(out, w.task)
+		}
+	}
+	return out
+}

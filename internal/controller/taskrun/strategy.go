@@ -1,0 +1,99 @@
+package taskrun
+
+import (
+	"context"
+	"time"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
+)
+
+// strategy is how one kind of platform is served. The reconciler looks up the platform's
+// strategy and calls it; which kind it drives (local, static, dynamic, pool) it never asks.
+// Every kind that holds hosts goes through the same ledger, records and phases: they differ
+// only in where hosts come from and what a busy platform does.
+type strategy interface {
+	// holdsHosts is false for platforms whose tasks build where they run.
+	holdsHosts() bool
+	// login is how berth reaches a host the ledger granted, as its admin.
+	login(host string) (berthv1.HostLogin, bool)
+	// busy is told that a task has waited so long on the platform; it may add capacity, and
+	// says whether the task should get an error now (reason set), or when to ask again.
+	busy(platform string, waited time.Duration) (reason, message string, recheck time.Duration)
+	// releasing is called before the last record holding host lets it go.
+	releasing(ctx context.Context, host string) error
+}
+
+// VMs is the fleet of VMs of dynamic platforms (package vms), as the TaskRun side sees it.
+type VMs interface {
+	Login(host string) (berthv1.HostLogin, bool)
+	// Kick asks for a planning pass: tasks wait.
+	Kick()
+	Unservable(platform string, waited time.Duration) (reason, message string, recheck time.Duration)
+	// SingleUse VMs serve one task; Retire marks one spent before its task's record goes.
+	SingleUse(host string) bool
+	Retire(ctx context.Context, host, reason string) error
+	// Gone tells whether a VM's record (and so the VM) is gone.
+	Gone(ctx context.Context, host string) (bool, error)
+}
+
+// strategyFor returns how a platform of this kind is served; nil if this berth cannot serve it.
+func (r *Reconciler) strategyFor(kind config.Strategy) strategy {
+	switch kind {
+	case config.StrategyLocal:
+		return local{}
+	case config.StrategyStatic:
+		return static{r.Config}
+	case config.StrategyDynamic, config.StrategyDynamicPool:
+		if r.VMs != nil {
+			return vmStrategy{r.VMs}
+		}
+	}
+	return nil
+}
+
+// local platforms build on the cluster's own nodes.
+type local struct{}
+
+func (local) holdsHosts() bool                                           { return false }
+func (local) login(string) (berthv1.HostLogin, bool)                     { return berthv1.HostLogin{}, false }
+func (local) releasing(context.Context, string) error                    { return nil }
+func (local) busy(string, time.Duration) (string, string, time.Duration) { return "", "", 0 }
+
+// static platforms share configured hosts; a busy one waits for a slot to free.
+type static struct{ config *hostconfig.Store }
+
+func (static) holdsHosts() bool                        { return true }
+func (static) releasing(context.Context, string) error { return nil }
+func (static) busy(string, time.Duration) (string, string, time.Duration) {
+	return "", "", 0
+}
+
+func (s static) login(host string) (berthv1.HostLogin, bool) {
+	h := s.config.Host(host)
+	if h == nil {
+		return berthv1.HostLogin{}, false
+	}
+	return loginOf(h), true
+}
+
+// vmStrategy serves dynamic and dynamic-pool platforms from VMs berth launches: a busy
+// platform asks the fleet for capacity; a single-use VM is retired before its task lets go.
+type vmStrategy struct{ vms VMs }
+
+func (vmStrategy) holdsHosts() bool { return true }
+
+func (v vmStrategy) login(host string) (berthv1.HostLogin, bool) { return v.vms.Login(host) }
+
+func (v vmStrategy) busy(platform string, waited time.Duration) (string, string, time.Duration) {
+	v.vms.Kick()
+	return v.vms.Unservable(platform, waited)
+}
+
+func (v vmStrategy) releasing(ctx context.Context, host string) error {
+	if !v.vms.SingleUse(host) {
+		return nil
+	}
+	return v.vms.Retire(ctx, host, "it served its task")
+}

@@ -1,0 +1,253 @@
+// Package vms is berth's loop over the VMs it launches for dynamic and dynamic-pool platforms.
+// Each VM has a BuildHost record with an instance section, written before the cloud is asked
+// for it, so that a crash at any instant neither launches twice nor loses a VM. The VM
+// reconciler walks one record through its phases (launching, booting, ready, terminating); the
+// planner decides, one platform at a time, how many VMs to launch, retire and terminate; the
+// sweeper terminates instances carrying this installation's tag that no record accounts for.
+package vms
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
+)
+
+// Tasks is what the fleet needs of the TaskRun side.
+type Tasks interface {
+	// Wake reconciles tasks that can go on now (a VM became ready, or failed them).
+	Wake(tasks []allocation.Task)
+	// ForgetHost drops every build user owed to a host that is gone.
+	ForgetHost(ctx context.Context, host string) error
+	// Restored tells whether the ledger holds what the records say.
+	Restored() bool
+}
+
+// Prober logs in to a VM for the first time and returns the host key it presented (or checks
+// the configured one).
+type Prober interface {
+	FirstContact(ctx context.Context, login berthv1.HostLogin) (hostKey string, err error)
+}
+
+// Fleet launches, watches and ends the VMs of every dynamic platform.
+type Fleet struct {
+	Client    client.Client
+	APIReader client.Reader
+	Namespace string
+	Config    *hostconfig.Store
+	Ledger    *allocation.Ledger
+	Recorder  events.EventRecorder
+	Tasks     Tasks
+	Prober    Prober
+	// Secret reads a Secret of the controller's namespace (cloud credentials), on demand.
+	Secret func(ctx context.Context, name string) (map[string][]byte, error)
+	// PlanInterval is the longest the planner waits between two passes when nothing kicks it.
+	PlanInterval time.Duration
+	// SweepInterval is how often the sweeper lists the clouds; LeakGrace how old an instance
+	// without a record must be before it is terminated as a leak.
+	SweepInterval, LeakGrace time.Duration
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+
+	kick chan struct{}
+
+	mu           sync.Mutex
+	logins       map[string]readyVM       // ready VMs by record name
+	trouble      map[string]trouble       // platform → last launch failure
+	providers    map[string]providerEntry // platform → provider built from its settings
+	installation string
+	restored     bool
+}
+
+// trouble is a platform's launch failing.
+type trouble struct {
+	kind    cloud.Kind
+	message string
+	since   time.Time
+}
+
+func (f *Fleet) now() time.Time {
+	if f.Now != nil {
+		return f.Now()
+	}
+	return time.Now()
+}
+
+func (f *Fleet) init() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.kick == nil {
+		f.kick = make(chan struct{}, 1)
+		f.logins = map[string]readyVM{}
+		f.trouble = map[string]trouble{}
+		f.providers = map[string]providerEntry{}
+	}
+}
+
+// Kick asks the planner for a pass soon; kicks coalesce.
+func (f *Fleet) Kick() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Login is how berth reaches a ready VM as its admin.
+func (f *Fleet) Login(host string) (berthv1.HostLogin, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	vm, ok := f.logins[host]
+	return vm.login, ok
+}
+
+type readyVM struct {
+	login     berthv1.HostLogin
+	singleUse bool
+}
+
+// Gone tells whether a VM named host has no record any more (its instance is terminated).
+func (f *Fleet) Gone(ctx context.Context, host string) (bool, error) {
+	var bh berthv1.BuildHost
+	err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.Namespace, Name: host}, &bh)
+	if err == nil {
+		return false, nil
+	}
+	return client.IgnoreNotFound(err) == nil, client.IgnoreNotFound(err)
+}
+
+// Unservable tells whether a task waiting since queued on platform should get an error now:
+// the cloud refused the platform's launches for good, or has had no capacity for longer than
+// the platform's allocation timeout. recheck is when to ask again.
+func (f *Fleet) Unservable(platform string, waited time.Duration) (reason, message string, recheck time.Duration) {
+	f.mu.Lock()
+	t, ok := f.trouble[platform]
+	f.mu.Unlock()
+	if !ok {
+		return "", "", 0
+	}
+	if t.kind.Permanent() {
+		return "CloudRefused", fmt.Sprintf("berth cannot launch VMs for platform %s: the cloud answered %s (%s). Ask the platform team to fix the platform's settings or credentials in berth's host configuration.",
+			platform, t.kind, t.message), 0
+	}
+	d := f.dynamic(config.Platform(platform))
+	if d == nil {
+		return "", "", 0
+	}
+	if left := d.AllocationTimeout - waited; left > 0 {
+		return "", "", left
+	}
+	return "NoCapacity", fmt.Sprintf("no VM for platform %s could be launched within its allocation timeout (%s): the cloud answered %s since %s (%s). Retry later, or ask the platform team for another instance type or region.",
+		platform, d.AllocationTimeout, t.kind, t.since.UTC().Format(time.RFC3339), t.message), 0
+}
+
+func (f *Fleet) dynamic(p config.Platform) *config.DynamicPlatform {
+	if cfg := f.Config.Config(); cfg != nil {
+		return cfg.Dynamic[p]
+	}
+	return nil
+}
+
+// noteTrouble remembers a failed launch; waiters of the platform are told, so that they can
+// fail when the failure is for good.
+func (f *Fleet) noteTrouble(platform string, err error) {
+	f.mu.Lock()
+	t, had := f.trouble[platform]
+	if !had {
+		t.since = f.now()
+	}
+	t.kind, t.message = cloud.KindOf(err), err.Error()
+	f.trouble[platform] = t
+	f.mu.Unlock()
+	launches.WithLabelValues(platform, t.kind.String()).Inc()
+	f.Tasks.Wake(f.Ledger.Waiters(platform))
+}
+
+func (f *Fleet) clearTrouble(platform string) {
+	f.mu.Lock()
+	delete(f.trouble, platform)
+	f.mu.Unlock()
+}
+
+// paused: the last launch of the platform was refused for good, less than a minute ago.
+func (f *Fleet) paused(platform string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.trouble[platform]
+	return ok && t.kind.Permanent() && f.now().Sub(t.since) < time.Minute
+}
+
+func (f *Fleet) setLogin(rec *berthv1.BuildHost) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.logins[rec.Name] = readyVM{login: loginOf(rec), singleUse: !rec.Spec.Instance.Pooled}
+}
+
+func (f *Fleet) dropLogin(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.logins, name)
+}
+
+func loginOf(rec *berthv1.BuildHost) berthv1.HostLogin {
+	in := rec.Spec.Instance
+	return berthv1.HostLogin{Host: rec.Name, Address: rec.Status.Address, AdminUser: in.AdminUser, AdminSecret: in.AdminSecret,
+		HostKey: rec.Status.Instance.HostKey, Platform: in.Platform, Instance: rec.Status.Instance.ID}
+}
+
+// open puts a ready VM into the ledger (or keeps a retired one closed) and wakes its waiters.
+func (f *Fleet) open(rec *berthv1.BuildHost) {
+	f.setLogin(rec)
+	in := rec.Spec.Instance
+	if in.Retire != "" {
+		f.Ledger.RetireHost(rec.Name)
+		return
+	}
+	f.Tasks.Wake(f.Ledger.PutHost(allocation.Host{Name: rec.Name, Platform: in.Platform, Capacity: in.Slots, SingleUse: !in.Pooled}))
+	// A drained or quarantined VM stays out of service.
+	f.Tasks.Wake(f.Ledger.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined))
+}
+
+// Retire stops a VM taking tasks, in its record: how a single-use VM is marked spent before
+// the record of its one task goes, so no restart can hand it to a second task.
+func (f *Fleet) Retire(ctx context.Context, host, reason string) error {
+	var rec berthv1.BuildHost
+	if err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.Namespace, Name: host}, &rec); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if rec.Spec.Instance == nil || rec.Spec.Instance.Retire != "" {
+		return nil
+	}
+	next := rec.DeepCopy()
+	next.Spec.Instance.Retire = reason
+	if err := f.Client.Update(ctx, next); err != nil {
+		return err
+	}
+	f.Ledger.RetireHost(host)
+	f.Kick()
+	return nil
+}
+
+// SingleUse tells whether host is a VM that serves one task.
+func (f *Fleet) SingleUse(host string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.logins[host].singleUse
+}
+
+func (f *Fleet) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {
+	f.Recorder.Eventf(rec, nil, eventType, reason, reason, format, args...)
+}
+
+func (f *Fleet) warn(rec *berthv1.BuildHost, reason, format string, args ...any) {
+	f.event(rec, corev1.EventTypeWarning, reason, format, args...)
+}

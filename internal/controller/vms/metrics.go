@@ -1,0 +1,38 @@
+package vms
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	launches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_vm_launches_total",
+		Help: "Launch calls to the cloud, by platform and outcome (launched, or the kind of failure).",
+	}, []string{"platform", "outcome"})
+	terminations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_vm_terminations_total",
+		Help: "VMs berth terminated, by platform.",
+	}, []string{"platform"})
+	lost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_vm_lost_total",
+		Help: "Instances the cloud lost (gone without berth terminating them), by platform.",
+	}, []string{"platform"})
+	leaks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_vm_leaks_terminated_total",
+		Help: "Instances with this installation's tag and no record, terminated by the sweeper.",
+	}, []string{"platform"})
+	vmCount = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "berth_vms",
+		Help: "VM records per platform (launching, booting, ready or terminating).",
+	}, []string{"platform"})
+	bootSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "berth_vm_boot_seconds",
+		Help:    "Time from a VM's launch until berth logged in to it.",
+		Buckets: prometheus.ExponentialBuckets(0.25, 2, 14),
+	}, []string{"platform"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(launches, terminations, lost, leaks, vmCount, bootSeconds)
+}

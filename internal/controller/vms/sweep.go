@@ -1,0 +1,85 @@
+package vms
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+)
+
+// Sweep terminates instances that carry this installation's tag and that no record accounts
+// for, once they are older than LeakGrace (a launch whose record is being written is younger).
+// An instance without the tag is never touched, whoever launched it.
+func (f *Fleet) Sweep(ctx context.Context) error {
+	cfg := f.Config.Config()
+	if cfg == nil {
+		return nil
+	}
+	installation, err := f.installationID(ctx)
+	if err != nil {
+		return err
+	}
+	records, err := f.records(ctx)
+	if err != nil {
+		return err
+	}
+	ids, tokens := map[string]bool{}, map[string]bool{}
+	for _, rec := range records {
+		tokens[Token(rec)] = true
+		if rec.Status.Instance != nil && rec.Status.Instance.ID != "" {
+			ids[rec.Status.Instance.ID] = true
+		}
+	}
+	grace := f.LeakGrace
+	if grace <= 0 {
+		grace = 10 * time.Minute
+	}
+	var errs []error
+	for _, p := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
+		platform := string(p)
+		provider, err := f.provider(platform)
+		if err != nil {
+			continue // reported by the planner
+		}
+		found, err := provider.List(ctx, map[string]string{TagInstallation: installation, TagPlatform: platformLabel(platform)})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing the instances of platform %s: %w", platform, err))
+			continue
+		}
+		for _, inst := range found {
+			if ids[inst.ID] || (inst.Token != "" && tokens[inst.Token]) || f.now().Sub(inst.LaunchedAt) < grace {
+				continue
+			}
+			if err := provider.Terminate(ctx, inst.ID); err != nil {
+				errs = append(errs, fmt.Errorf("terminating leaked instance %s of platform %s: %w", inst.ID, platform, err))
+				continue
+			}
+			leaks.WithLabelValues(platform).Inc()
+			f.Recorder.Eventf(f.installationObject(), nil, corev1.EventTypeWarning, "LeakTerminated", "Sweep",
+				"instance %s of platform %s (record %s) had no record of berth's: terminated", inst.ID, platform, recordTag(inst.Tags))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func recordTag(tags map[string]string) string {
+	if r := tags[TagRecord]; r != "" {
+		return strings.TrimSpace(r)
+	}
+	return "unknown"
+}
+
+// installationObject is what sweeper Events are about: the installation's ConfigMap.
+func (f *Fleet) installationObject() *corev1.ConfigMap {
+	cm := &corev1.ConfigMap{}
+	cm.Namespace, cm.Name = f.Namespace, InstallationConfigMap
+	cm.APIVersion, cm.Kind = "v1", "ConfigMap"
+	return cm
+}
+

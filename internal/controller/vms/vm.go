@@ -1,0 +1,277 @@
+package vms
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/config"
+)
+
+// maxLaunchAttempts bounds relaunches of one record after its instance was lost.
+const maxLaunchAttempts = 3
+
+// Reconcile walks one VM record through its phases.
+func (f *Fleet) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var rec berthv1.BuildHost
+	if err := f.Client.Get(ctx, req.NamespacedName, &rec); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			f.dropLogin(req.Name)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if rec.Spec.Instance == nil {
+		return reconcile.Result{}, nil
+	}
+	if rec.Status.Instance == nil {
+		rec.Status.Instance = &berthv1.InstanceStatus{}
+	}
+	switch rec.Status.Instance.Phase {
+	case berthv1.InstanceLaunching, "":
+		return f.launch(ctx, &rec)
+	case berthv1.InstanceBooting:
+		return f.boot(ctx, &rec)
+	case berthv1.InstanceReady:
+		return f.ready(ctx, &rec)
+	case berthv1.InstanceTerminating:
+		return f.terminate(ctx, &rec)
+	}
+	return reconcile.Result{}, nil
+}
+
+// Token is the idempotency token of the record's current launch attempt.
+func Token(rec *berthv1.BuildHost) string {
+	return fmt.Sprintf("%s-%d", rec.UID, rec.Spec.Instance.Attempt)
+}
+
+// launch asks the cloud for the VM. The token makes a repeated call (after a crash before the
+// instance id was saved, or a lost answer) return the same instance.
+func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+	in := rec.Spec.Instance
+	if rec.Spec.Instance.Retire != "" {
+		return f.startTerminating(ctx, rec, rec.Spec.Instance.Retire)
+	}
+	p, err := f.provider(in.Platform)
+	if err != nil {
+		return f.launchFailed(ctx, rec, err)
+	}
+	installation, err := f.installationID(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: Token(rec), Name: rec.Name, Tags: f.tags(installation, in.Platform, rec.Name)})
+	if err != nil {
+		return f.launchFailed(ctx, rec, err)
+	}
+	next := rec.DeepCopy()
+	next.Status.Instance.ID, next.Status.Instance.Phase = inst.ID, berthv1.InstanceBooting
+	next.Status.Instance.LaunchedAt = f.stamp()
+	next.Status.Instance.Failures, next.Status.Instance.Message = 0, ""
+	next.Status.Platform = in.Platform
+	if err := f.Client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err // the next attempt gets the same instance by the token
+	}
+	f.clearTrouble(in.Platform)
+	launches.WithLabelValues(in.Platform, "launched").Inc()
+	f.event(next, corev1.EventTypeNormal, "Launched", "instance %s launched for platform %s", inst.ID, in.Platform)
+	return f.boot(ctx, next)
+}
+
+// launchFailed retries what may pass (capacity, throttling, a network error) with backoff,
+// until the platform's allocation timeout; the record goes at once when the cloud refused for
+// good (bad settings or credentials). Waiting tasks learn either way (see Unservable).
+func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
+	in := rec.Spec.Instance
+	f.noteTrouble(in.Platform, cause)
+	kind := cloud.KindOf(cause)
+	timeout := config.Platform(in.Platform)
+	limit := 10 * time.Minute
+	if d := f.dynamic(timeout); d != nil {
+		limit = d.AllocationTimeout
+	}
+	if kind.Permanent() || f.now().Sub(rec.CreationTimestamp.Time) > limit {
+		f.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s: %v", in.Platform, cause)
+		// A transient failure may still have made an instance under the token: the sweeper
+		// terminates it once it finds no record for it.
+		return reconcile.Result{}, f.deleteRecord(ctx, rec)
+	}
+	next := rec.DeepCopy()
+	next.Status.Instance.Failures++
+	next.Status.Instance.Message = cause.Error()
+	if err := f.Client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(cause))
+	f.warn(next, "LaunchRetry", "launching a VM for platform %s failed (%s); retrying in %s", in.Platform, cause, retry)
+	return reconcile.Result{RequeueAfter: retry}, nil
+}
+
+// backoff spaces out retries: 1s, 2s, 4s, … up to a minute, or what the cloud asked for.
+func backoff(failures int, asked time.Duration) time.Duration {
+	d := min(time.Second<<min(failures-1, 6), time.Minute)
+	return max(d, asked)
+}
+
+// boot waits for the instance's address and for SSH, and pins the host key at first contact.
+func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+	in, st := rec.Spec.Instance, rec.Status.Instance
+	if in.Retire != "" {
+		return f.startTerminating(ctx, rec, in.Retire)
+	}
+	d := f.dynamic(config.Platform(in.Platform))
+	interval, limit := time.Duration(config.DefaultCheckInterval)*time.Second, time.Duration(config.DefaultAllocationTimeout)*time.Second
+	hostKey := ""
+	if d != nil {
+		interval, limit, hostKey = d.CheckInterval, d.AllocationTimeout, d.HostKey
+	}
+	p, err := f.provider(in.Platform)
+	if err != nil {
+		return reconcile.Result{RequeueAfter: interval}, err
+	}
+	inst, err := p.Get(ctx, st.ID)
+	switch {
+	case cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone):
+		return f.relaunch(ctx, rec, fmt.Sprintf("instance %s was lost while it booted", st.ID))
+	case err != nil:
+		return reconcile.Result{RequeueAfter: backoff(1, cloud.RetryAfterOf(err))}, nil
+	}
+	overdue := f.now().Sub(st.LaunchedAt.Time) > limit
+	if inst.State != cloud.StateRunning || inst.Address == "" {
+		if overdue {
+			return f.startTerminating(ctx, rec, fmt.Sprintf("it did not start within the allocation timeout (%s)", limit))
+		}
+		return reconcile.Result{RequeueAfter: interval}, nil
+	}
+	probe := rec.DeepCopy()
+	probe.Status.Address, probe.Status.Instance.HostKey = inst.Address, hostKey
+	key, err := f.Prober.FirstContact(ctx, loginOf(probe))
+	if err != nil {
+		if overdue {
+			return f.startTerminating(ctx, rec, fmt.Sprintf("berth could not log in within the allocation timeout (%s): %v", limit, err))
+		}
+		next := rec.DeepCopy()
+		next.Status.Instance.Message = "waiting for SSH: " + err.Error()
+		if next.Status.Instance.Message != st.Message {
+			if err := f.Client.Update(ctx, next); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		return reconcile.Result{RequeueAfter: interval}, nil
+	}
+	next := probe
+	next.Status.Instance.HostKey, next.Status.Instance.Phase = key, berthv1.InstanceReady
+	next.Status.Instance.ReadyAt, next.Status.Instance.Message = f.stamp(), ""
+	if err := f.Client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	bootSeconds.WithLabelValues(in.Platform).Observe(next.Status.Instance.ReadyAt.Sub(st.LaunchedAt.Time).Seconds())
+	f.event(next, corev1.EventTypeNormal, "Ready", "instance %s at %s is ready for platform %s", st.ID, inst.Address, in.Platform)
+	return f.ready(ctx, next)
+}
+
+// relaunch gives up on an instance the cloud lost and launches anew under a new token.
+func (f *Fleet) relaunch(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
+	f.warn(rec, "InstanceLost", "%s", why)
+	lost.WithLabelValues(rec.Spec.Instance.Platform).Inc()
+	if rec.Spec.Instance.Attempt >= maxLaunchAttempts {
+		return reconcile.Result{}, f.deleteRecord(ctx, rec)
+	}
+	next := rec.DeepCopy()
+	next.Spec.Instance.Attempt++
+	next.Status.Instance = &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching, Message: why}
+	if err := f.Client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	return f.launch(ctx, next)
+}
+
+// ready keeps a ready VM in the ledger, and notices when the cloud has lost it.
+func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+	in := rec.Spec.Instance
+	f.open(rec)
+	d := f.dynamic(config.Platform(in.Platform))
+	interval := time.Duration(config.DefaultCheckInterval) * time.Second
+	if d != nil {
+		interval = d.CheckInterval
+	}
+	p, err := f.provider(in.Platform)
+	if err != nil {
+		return reconcile.Result{RequeueAfter: interval}, nil
+	}
+	inst, err := p.Get(ctx, rec.Status.Instance.ID)
+	if cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone) {
+		f.warn(rec, "InstanceLost", "instance %s of platform %s is gone from the cloud; its tasks fail and nothing is owed to it any more", rec.Status.Instance.ID, in.Platform)
+		lost.WithLabelValues(in.Platform).Inc()
+		f.Ledger.RetireHost(rec.Name)
+		return reconcile.Result{}, f.finishTermination(ctx, rec)
+	}
+	return reconcile.Result{RequeueAfter: interval}, nil
+}
+
+// startTerminating records the decision to end the VM, then ends it.
+func (f *Fleet) startTerminating(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
+	next := rec.DeepCopy()
+	if next.Spec.Instance.Retire == "" {
+		next.Spec.Instance.Retire = why
+	}
+	next.Status.Instance.Phase = berthv1.InstanceTerminating
+	if err := f.Client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	f.Ledger.RetireHost(rec.Name)
+	return f.terminate(ctx, next)
+}
+
+// terminate ends the instance (already gone is done) and then drops the record.
+func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+	in, st := rec.Spec.Instance, rec.Status.Instance
+	f.Ledger.RetireHost(rec.Name)
+	if st.ID != "" {
+		p, err := f.provider(in.Platform)
+		if err == nil {
+			err = p.Terminate(ctx, st.ID)
+		}
+		if err != nil && cloud.KindOf(err) != cloud.NotFound {
+			f.warn(rec, "TerminateFailed", "terminating instance %s failed: %v; retrying", st.ID, err)
+			return reconcile.Result{RequeueAfter: backoff(st.Failures+1, cloud.RetryAfterOf(err))}, nil
+		}
+		f.event(rec, corev1.EventTypeNormal, "Terminated", "instance %s terminated: %s", st.ID, in.Retire)
+		terminations.WithLabelValues(in.Platform).Inc()
+	}
+	return reconcile.Result{}, f.finishTermination(ctx, rec)
+}
+
+// finishTermination forgets what was owed to the VM and drops its record: nothing is left.
+func (f *Fleet) finishTermination(ctx context.Context, rec *berthv1.BuildHost) error {
+	if err := f.Tasks.ForgetHost(ctx, rec.Name); err != nil {
+		return err
+	}
+	if err := f.deleteRecord(ctx, rec); err != nil {
+		return err
+	}
+	f.Ledger.RemoveHost(rec.Name)
+	f.dropLogin(rec.Name)
+	f.Kick()
+	return nil
+}
+
+func (f *Fleet) deleteRecord(ctx context.Context, rec *berthv1.BuildHost) error {
+	err := f.Client.Delete(ctx, rec, client.Preconditions{UID: &rec.UID})
+	if client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	f.Kick()
+	return nil
+}
+
+func (f *Fleet) stamp() *metav1.Time {
+	t := metav1.NewTime(f.now())
+	return &t
+}
