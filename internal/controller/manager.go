@@ -144,8 +144,8 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	fleet := &vms.Fleet{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
 		Ledger: reconciler.Ledger, Recorder: recorder, Tasks: reconciler,
-		Prober: vms.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
-		Secret: secretReader(mgr.GetAPIReader(), o.Namespace),
+		Prober:        vms.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
+		Secret:        secretReader(mgr.GetAPIReader(), o.Namespace),
 		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace,
 	}
 	reconciler.VMs = fleet

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-
 )
 
 // Sweep terminates instances that carry this installation's tag and that no record accounts
@@ -82,4 +81,3 @@ func (f *Fleet) installationObject() *corev1.ConfigMap {
 	cm.APIVersion, cm.Kind = "v1", "ConfigMap"
 	return cm
 }
-
