@@ -4,7 +4,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 
 # Packages whose tests are cheap enough to also run under the race detector.
-RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/controller/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/...
+RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/controller/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/... ./internal/testground/vmcloud/... ./internal/cloud/...
 
 .PHONY: all build test testbin prereqs run vet fuzz bench clean generate
 

@@ -5,6 +5,8 @@ import (
 	"os"
 
 	"github.com/berth-ci/berth/internal/cli"
+	// Cloud providers register themselves: one line per provider type.
+	_ "github.com/berth-ci/berth/internal/cloud/localvm"
 )
 
 func main() {

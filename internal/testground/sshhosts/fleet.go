@@ -50,14 +50,8 @@ func Start(ctx context.Context, n int) (*Fleet, error) {
 	if n < 1 || n > maxSlot {
 		return nil, fmt.Errorf("sshhosts: %d hosts requested, want 1 to %d", n, maxSlot)
 	}
-	if err := Prerequisites(); err != nil {
+	if err := prepareMachine(); err != nil {
 		return nil, err
-	}
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		return nil, fmt.Errorf("sshhosts: %w", err)
-	}
-	if err := removeLeftovers(); err != nil {
-		return nil, fmt.Errorf("sshhosts: removing leftovers of earlier runs: %w", err)
 	}
 
 	signer, pemBytes, err := newAdminKey()
@@ -95,12 +89,69 @@ func (f *Fleet) Close() error {
 			if h == nil {
 				continue
 			}
-			wg.Go(func() { errs[i] = h.stop() })
+			wg.Go(func() { errs[i] = h.Close() })
 		}
 		wg.Wait()
 		f.closeErr = errors.Join(errs...)
 	})
 	return f.closeErr
+}
+
+// StartHost starts one host whose root logs in with admin and returns once its sshd answers;
+// Close stops it. It is for callers that bring hosts up and down one at a time, at their own
+// pace and in parallel, such as a VM cloud whose VMs are hosts. Like Start, it first clears
+// what killed test processes left behind.
+func StartHost(ctx context.Context, admin ssh.Signer) (*Host, error) {
+	if admin == nil {
+		return nil, errors.New("sshhosts: StartHost needs an admin signer")
+	}
+	if err := prepareMachine(); err != nil {
+		return nil, err
+	}
+	locks, err := claimSlots(1)
+	if err != nil {
+		return nil, fmt.Errorf("sshhosts: %w", err)
+	}
+	h, err := startHost(ctx, locks[0], admin)
+	if err != nil {
+		return nil, errors.Join(err, h.Close())
+	}
+	return h, nil
+}
+
+// Close stops the host and removes its namespace, veth and files, giving its slot back.
+// Later calls return the first call's result: a slot given back may already be another
+// host's, so it is cleared only once.
+func (h *Host) Close() error {
+	h.closeOnce.Do(func() { h.closeErr = h.stop() })
+	return h.closeErr
+}
+
+// machineChecked is set once Prerequisites has passed in this process; a cloud starting hosts
+// one by one need not fork a test unshare before each.
+var machineChecked struct {
+	sync.Mutex
+	ok bool
+}
+
+// prepareMachine makes sure hosts can run here and clears leftovers of dead test processes.
+func prepareMachine() error {
+	machineChecked.Lock()
+	if !machineChecked.ok {
+		if err := Prerequisites(); err != nil {
+			machineChecked.Unlock()
+			return err
+		}
+		machineChecked.ok = true
+	}
+	machineChecked.Unlock()
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return fmt.Errorf("sshhosts: %w", err)
+	}
+	if err := removeLeftovers(); err != nil {
+		return fmt.Errorf("sshhosts: removing leftovers of earlier runs: %w", err)
+	}
+	return nil
 }
 
 func newAdminKey() (ssh.Signer, []byte, error) {

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,6 +65,9 @@ type Host struct {
 	lock   *slotLock
 	cmd    *exec.Cmd
 	exited chan struct{} // closed once the host's process tree is gone
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Addr is the host's sshd address, for ssh.Dial and the like.
@@ -516,7 +520,8 @@ func (h *Host) Restore() error {
 	return nil
 }
 
-// stop takes the host down and gives its slot back. It is safe on a half-started host.
+// stop takes the host down and gives its slot back. It is safe on a half-started host, and
+// must run once only (Close sees to that).
 func (h *Host) stop() error {
 	var errs []error
 	if h.cmd != nil && h.cmd.Process != nil {

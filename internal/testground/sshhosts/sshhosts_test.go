@@ -431,3 +431,54 @@ func TestVarLibBerthIsPrivateToEachHost(t *testing.T) {
 		t.Fatalf("a host's write to /var/lib/dpkg reached this machine (stat: %v)", err)
 	}
 }
+
+func TestStartHostAloneWithGivenAdminKey(t *testing.T) {
+	if err := Prerequisites(); err != nil {
+		skipOrFail(t, err)
+	}
+	ctx := testContext(t)
+	admin, _, err := newAdminKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := StartHost(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if want := fmt.Sprintf("198.18.%d.2", h.Slot); h.Address != want {
+		t.Errorf("address %s, want %s", h.Address, want)
+	}
+	// The key given is the one root takes, and the host proves its own host key.
+	client, err := h.Dial(ctx, "root", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.Close()
+	other, _, err := newAdminKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if client, err := h.Dial(ctx, "root", other); err == nil {
+		client.Close()
+		t.Fatal("root logged in with a key that is not the admin key")
+	}
+
+	ino := netnsInode(t, h.Name)
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if left := processesInNetns(ino); len(left) > 0 {
+		t.Errorf("processes left in %s after Close: %q", h.Name, left)
+	}
+	if _, err := os.Stat(h.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there: %v", h.Dir, err)
+	}
+	if client, err := h.Dial(ctx, "root", admin); err == nil {
+		client.Close()
+		t.Fatal("the host still answers after Close")
+	}
+}
