@@ -25,6 +25,7 @@ import (
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/testground/tektonstandin"
+	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
 // Namespace is where berth's controller, its config and the host admin key live.
@@ -47,6 +48,10 @@ type Options struct {
 	RunScripts func(*pipelinev1.TaskRun) bool
 	// StepOutput, if set, receives the output of the step scripts the stand-in runs.
 	StepOutput io.Writer
+	// VMCloud starts the local VM cloud (needs Hosts > 0: its VMs take the hosts' admin key).
+	VMCloud bool
+	// VMCloudLog, if set, hears about the VM cloud's launches, boots and terminations.
+	VMCloudLog io.Writer
 	// WithoutGarbageCollector runs no kube-controller-manager: for tests that show berth
 	// cleans up after itself on a cluster where owner references are not followed.
 	WithoutGarbageCollector bool
@@ -56,6 +61,7 @@ type Options struct {
 type Stack struct {
 	ControlPlane *controlplane.ControlPlane
 	Fleet        *sshhosts.Fleet // nil without hosts
+	VMCloud      *vmcloud.Cloud  // nil unless Options.VMCloud
 	StandIn      *tektonstandin.StandIn
 
 	KubeConfigPath string
@@ -115,6 +121,11 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		}
 		if err = s.publishHostAccess(ctx, stateDir); err != nil {
 			return s, err
+		}
+		if opts.VMCloud {
+			if err = s.startVMCloud(ctx, opts.VMCloudLog); err != nil {
+				return s, err
+			}
 		}
 	}
 
@@ -225,6 +236,9 @@ func (s *Stack) Down() error {
 			errs = append(errs, fmt.Errorf("tekton stand-in: %w", err))
 		}
 	}
+	if s.VMCloud != nil {
+		errs = append(errs, s.VMCloud.Close())
+	}
 	if s.Fleet != nil {
 		errs = append(errs, s.Fleet.Close())
 	}
@@ -255,6 +269,9 @@ func (s *Stack) Describe(w io.Writer) {
 		}
 	} else {
 		fmt.Fprintf(w, "  ssh hosts      none (--hosts 0)\n")
+	}
+	if s.VMCloud != nil {
+		fmt.Fprintf(w, "  vm cloud       local VM cloud at %s: each VM is a new SSH host booted on demand\n", s.VMCloud.URL())
 	}
 	scripts := "user TaskRuns' step scripts run as local processes"
 	if os.Geteuid() != 0 {

@@ -1,0 +1,109 @@
+package devstack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-ci/berth/internal/testground/vmcloud"
+)
+
+// VMCloudSecret holds the local VM cloud's API key (key api-key), as an operator stores a
+// cloud credential for berth.
+const VMCloudSecret = "local-vm-credentials"
+
+// Sample dynamic platforms of the dev stack, served by the local VM cloud.
+const (
+	DynamicPlatform = "linux/arm64"   // a VM per task
+	PoolPlatform    = "linux/ppc64le" // pooled VMs, two tasks each
+)
+
+// startVMCloud starts the local VM cloud in this process (so that stopping or killing the
+// controller never stops the cloud) and gives berth its API key. Its VMs accept the hosts'
+// admin key, which berth reads from the AdminKeySecret.
+func (s *Stack) startVMCloud(ctx context.Context, logs io.Writer) error {
+	key := make([]byte, 16)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
+	apiKey := hex.EncodeToString(key)
+	opts := vmcloud.Options{Admin: s.Fleet.AdminSigner, APIKey: apiKey}
+	if logs != nil {
+		opts.Logf = func(format string, args ...any) { fmt.Fprintf(logs, "vm cloud: "+format+"\n", args...) }
+	}
+	cloud, err := vmcloud.New(opts)
+	if err != nil {
+		return fmt.Errorf("local VM cloud: %w", err)
+	}
+	s.VMCloud = cloud
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: VMCloudSecret, Namespace: Namespace},
+		Data:       map[string][]byte{"api-key": []byte(apiKey)},
+	}
+	if err := s.ControlPlane.Client.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating secret %s/%s: %w", Namespace, VMCloudSecret, err)
+	}
+	return nil
+}
+
+// DynamicSettings configure one platform served from the local VM cloud.
+type DynamicSettings struct {
+	MaxInstances int
+	// Concurrency > 0 makes it a dynamic-pool platform with that many tasks per VM.
+	Concurrency int
+	// MaxAgeMinutes is the pool's max-age (or, with MinIdle, the warm VMs' on a dynamic one).
+	MaxAgeMinutes int
+	MinIdle       int
+	// CheckIntervalSeconds and AllocationTimeoutSeconds default to 1 and 120.
+	CheckIntervalSeconds, AllocationTimeoutSeconds int
+}
+
+// AddDynamicPlatform adds platform to data as a dynamic (or, with Concurrency, dynamic-pool)
+// platform of type local-vm on the stack's VM cloud.
+func (s *Stack) AddDynamicPlatform(data map[string]string, platform string, d DynamicSettings) {
+	list := "dynamic-platforms"
+	if d.Concurrency > 0 {
+		list = "dynamic-pool-platforms"
+	}
+	if data[list] != "" {
+		data[list] += ","
+	}
+	data[list] += platform
+	label := ""
+	for _, r := range platform {
+		if r == '/' {
+			r = '-'
+		}
+		label += string(r)
+	}
+	set := func(field string, v any) { data["dynamic."+label+"."+field] = fmt.Sprint(v) }
+	set("type", "local-vm")
+	set("endpoint", s.VMCloud.URL())
+	set("secret", VMCloudSecret)
+	set("ssh-secret", AdminKeySecret)
+	set("max-instances", d.MaxInstances)
+	set("check-interval", orDefault(d.CheckIntervalSeconds, 1))
+	set("allocation-timeout", orDefault(d.AllocationTimeoutSeconds, 120))
+	if d.Concurrency > 0 {
+		set("concurrency", d.Concurrency)
+		set("max-age", orDefault(d.MaxAgeMinutes, 30))
+	} else if d.MaxAgeMinutes > 0 {
+		set("max-age", d.MaxAgeMinutes)
+	}
+	if d.MinIdle > 0 {
+		set("min-idle", d.MinIdle)
+	}
+}
+
+func orDefault(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
