@@ -5,8 +5,6 @@ import (
 	"os"
 
 	"github.com/berth-ci/berth/internal/cli"
-	// Cloud providers register themselves: one line per provider type.
-	_ "github.com/berth-ci/berth/internal/cloud/localvm"
 )
 
 func main() {

@@ -57,6 +57,10 @@ type Options struct {
 	// an instance without a record must be to be terminated as one.
 	SweepInterval time.Duration
 	LeakGrace     time.Duration
+	// VMPlanInterval is the longest the VM planner waits between passes (5s when zero).
+	VMPlanInterval time.Duration
+	// Clock, if set, is the VM fleet's clock (max-age, allocation timeouts): tests move it.
+	Clock func() time.Time
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
@@ -146,7 +150,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Ledger: reconciler.Ledger, Recorder: recorder, Tasks: reconciler,
 		Prober:        vms.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
 		Secret:        secretReader(mgr.GetAPIReader(), o.Namespace),
-		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace,
+		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace, PlanInterval: o.VMPlanInterval, Now: o.Clock,
 	}
 	reconciler.VMs = fleet
 	if err := reconciler.SetupWithManager(mgr, o.ConcurrentReconciles); err != nil {

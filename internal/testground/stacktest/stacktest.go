@@ -39,6 +39,11 @@ const Patience = 90 * time.Second
 // it skips the package, except in CI, where it fails. BERTH_TEST_LOG=<file> keeps the
 // controller's log.
 func Main(m *testing.M, stack **devstack.Stack, hosts int, options controller.Options) int {
+	return MainWith(m, stack, hosts, options, nil)
+}
+
+// MainWith is Main with a say in the stack's options (say, to start the local VM cloud).
+func MainWith(m *testing.M, stack **devstack.Stack, hosts int, options controller.Options, shape func(*devstack.Options)) int {
 	if err := sshhosts.Prerequisites(); err != nil {
 		if os.Getenv("CI") == "true" {
 			fmt.Fprintln(os.Stderr, "FAIL:", err)
@@ -62,7 +67,7 @@ func Main(m *testing.M, stack **devstack.Stack, hosts int, options controller.Op
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	s, err := devstack.Up(context.Background(), devstack.Options{
+	devOpts := devstack.Options{
 		StateDir: dir,
 		Hosts:    hosts,
 		HostStep: func(ctx context.Context, args []string) error {
@@ -73,7 +78,11 @@ func Main(m *testing.M, stack **devstack.Stack, hosts int, options controller.Op
 			return cmd.ExecuteContext(ctx)
 		},
 		RunScripts: func(tr *pipelinev1.TaskRun) bool { return tr.Labels[RunScriptKey] == "true" },
-	})
+	}
+	if shape != nil {
+		shape(&devOpts)
+	}
+	s, err := devstack.Up(context.Background(), devOpts)
 	*stack = s
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: bringing up the stack:", err)
