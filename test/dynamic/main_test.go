@@ -217,3 +217,44 @@ func noDoubleLaunch(t *testing.T) {
 }
 
 var _ = controller.Options{}
+
+func stacktest_record(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	return stacktest.Record(t, c(), tr)
+}
+
+func stacktestSecret(t *testing.T, tr *pipelinev1.TaskRun) *corev1.Secret {
+	t.Helper()
+	return stacktest.SecretOf(t, c(), tr)
+}
+
+func vmRecords(platform string) ([]berthv1.BuildHost, error) {
+	var list berthv1.BuildHostList
+	err := c().List(context.Background(), &list, client.InNamespace(devstack.Namespace), client.HasLabels{vms.LabelVM})
+	var out []berthv1.BuildHost
+	for _, r := range list.Items {
+		if r.Spec.Instance.Platform == platform {
+			out = append(out, r)
+		}
+	}
+	return out, err
+}
+
+// eventWith tells whether an Event of berth's namespace has reason and mentions text.
+func eventWith(t *testing.T, reason, text string) bool {
+	t.Helper()
+	found := false
+	eventually(t, "an Event "+reason+" mentioning "+text, func() (bool, error) {
+		var events eventsv1.EventList
+		if err := c().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == reason && strings.Contains(e.Note, text) {
+				found = true
+			}
+		}
+		return found, nil
+	})
+	return found
+}

@@ -126,7 +126,7 @@ func (f *Fleet) planAll(ctx context.Context) error {
 	// A platform gone from the config (or no longer dynamic) launches nothing; its idle VMs go.
 	for _, recs := range byPlatform {
 		for _, rec := range recs {
-			if _, err := f.retire(ctx, rec, "its platform is no longer a dynamic platform in the host configuration"); err != nil && firstErr == nil {
+			if err := f.retireGone(ctx, rec); err != nil && firstErr == nil {
 				firstErr = err
 			}
 		}
@@ -246,4 +246,19 @@ func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
 		Status: berthv1.BuildHostStatus{Platform: string(d.Platform), Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching}},
 	}
 	return f.Client.Create(ctx, rec)
+}
+
+// retireGone retires a VM whose platform left the config, and terminates it once no task
+// holds it.
+func (f *Fleet) retireGone(ctx context.Context, rec *berthv1.BuildHost) error {
+	const why = "its platform is no longer a dynamic platform in the host configuration"
+	if retired, err := f.retire(ctx, rec, why); err != nil || retired {
+		return err // terminated by the next pass, from the record as written now
+	}
+	vm := f.snapshot(rec)
+	if vm.Phase == fleet.Terminating || vm.Used > 0 {
+		return nil
+	}
+	_, err := f.startTerminating(ctx, rec, why)
+	return client.IgnoreNotFound(err)
 }
