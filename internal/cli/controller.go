@@ -46,6 +46,8 @@ func newControllerCommand() *cobra.Command {
 	f.DurationVar(&o.WaitTimeout, "wait-timeout", o.WaitTimeout, "how long a task may wait for a host before it gets an error; 0 waits forever")
 	f.DurationVar(&o.FailedTaskRetention, "failed-task-retention", o.FailedTaskRetention, "how long failed provision, clean and update TaskRuns are kept for their logs")
 	f.DurationVar(&o.HostCheckInterval, "host-check-interval", o.HostCheckInterval, "how often each static host is checked; 0 disables checks")
+	f.DurationVar(&o.SweepInterval, "sweep-interval", o.SweepInterval, "how often the clouds are listed for instances of this installation that no record accounts for")
+	f.DurationVar(&o.LeakGrace, "leak-grace", o.LeakGrace, "how old an instance without a record must be before the sweeper terminates it")
 	f.StringVar(&o.ProvisionTask, "provision-task", o.ProvisionTask, "the Task provision TaskRuns run")
 	f.StringVar(&o.CleanTask, "clean-task", o.CleanTask, "the Task clean TaskRuns run")
 	f.StringVar(&o.UpdateTask, "update-task", o.UpdateTask, "the Task update TaskRuns run")
