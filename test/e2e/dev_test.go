@@ -257,7 +257,8 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 		t.Fatalf("berth dev --once: %v\n%s", err, out)
 	}
 	for _, want := range []string{
-		"berth dev: 2 sample TaskRuns finished", "remote-build-s390x on berth-host-", "local-build-amd64 locally",
+		"berth dev: 4 sample TaskRuns finished", "remote-build-s390x on berth-host-", "local-build-amd64 locally",
+		"remote-build-arm64 on vm-linux-arm64-", "remote-build-ppc64le on vm-linux-ppc64le-",
 		"[builds/remote-build-s390x build] uid=", "(u-", "[builds/local-build-amd64 build] building linux/amd64 here",
 		"stopped; nothing left running.",
 	} {
