@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"text/tabwriter"
 )
@@ -46,6 +47,13 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("controller CPU s", func(r *Result) float64 { return r.CPUSeconds }, "%.1f")
 	row("over-commit violations", func(r *Result) float64 { return float64(r.Violations) }, "%.0f")
 	row("controller kills", func(r *Result) float64 { return float64(r.ControllerKills) }, "%.0f")
+	row("warnings on user tasks", func(r *Result) float64 {
+		n := 0
+		for _, c := range r.UserWarnings {
+			n += c
+		}
+		return float64(n)
+	}, "%.0f")
 	if slices.ContainsFunc(results, func(r *Result) bool { return r.VMResult != nil }) {
 		vm := func(f func(*VMResult) float64) func(*Result) float64 {
 			return func(r *Result) float64 {
@@ -67,6 +75,9 @@ func PrintTable(w io.Writer, results []*Result) {
 	tw.Flush()
 	for i, r := range results {
 		fmt.Fprintf(w, "run %d: %s, scenario %s, hosts reached by %s\n", i+1, r.Controller, r.Scenario, r.Provisioner)
+		for _, reason := range slices.Sorted(maps.Keys(r.UserWarnings)) {
+			fmt.Fprintf(w, "run %d: %d Warning events %s on user tasks\n", i+1, r.UserWarnings[reason], reason)
+		}
 		if r.VMResult != nil {
 			for _, leak := range r.Leaks {
 				fmt.Fprintf(w, "run %d: leaked VM %s\n", i+1, leak)

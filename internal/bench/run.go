@@ -112,6 +112,9 @@ type Result struct {
 	Violations  int     `json:"overcommitViolations"`
 	// ControllerKills is how many times chaos killed the controller during the run.
 	ControllerKills int `json:"controllerKills"`
+	// UserWarnings counts the Warning events on user TaskRuns by reason. Nothing in a run
+	// deserves one (no tenant edits anything, every host works): any is worth a look.
+	UserWarnings map[string]int `json:"userTaskWarnings"`
 	// VMResult is set on a VM platform; its fields are at the top level of the JSON.
 	*VMResult
 }
@@ -291,6 +294,10 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	if err != nil {
 		return nil, err
 	}
+	warnings, err := warningsOn(ctx, c, userNamespace)
+	if err != nil {
+		return nil, err
+	}
 	var vmResult *VMResult
 	if sc.vms() {
 		vmResult, err = settleVMs(ctx, c, cloud, sc, chk, func() map[string]time.Time {
@@ -312,7 +319,7 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 		overSSH = int64(len(secretAt))
 	}
 	res := &Result{Controller: controllerCmd, Scenario: sc.Name, Tasks: sc.Tasks, PeakRSSMiB: usage.peakRSSMiB, CPUSeconds: usage.cpuSeconds,
-		Provisioner: provisionerSeen(overSSH, sim.Provisions()), ControllerKills: ctrl.killCount(), VMResult: vmResult}
+		Provisioner: provisionerSeen(overSSH, sim.Provisions()), ControllerKills: ctrl.killCount(), UserWarnings: warnings, VMResult: vmResult}
 	var latencies []time.Duration
 	var lastSecret, lastDone time.Time
 	for task, created := range createdAt {
@@ -426,6 +433,21 @@ func userTask(name string) *pipelinev1.TaskRun {
 			},
 		},
 	}
+}
+
+// warningsOn counts the Warning events of a namespace by reason.
+func warningsOn(ctx context.Context, c client.Client, namespace string) (map[string]int, error) {
+	var list corev1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	out := map[string]int{}
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning {
+			out[e.Reason] += max(1, int(e.Count))
+		}
+	}
+	return out, nil
 }
 
 // apiWrites is the apiserver's own count of mutating requests so far.
