@@ -7,9 +7,12 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/fleet"
 )
 
@@ -66,5 +69,18 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 				t.Errorf("the plan for the free retired VM: %+v; want it terminated", d)
 			}
 		})
+	}
+}
+
+// TestNothingIsDecidedBeforeTheConfigIsRead: a restarted controller's VM loop may run before
+// its config is loaded. It then waits, rather than taking every platform for unconfigured and
+// giving up the launches under way as refused for good. (The fleet has no client here: any
+// decision would fail the test by touching it.)
+func TestNothingIsDecidedBeforeTheConfigIsRead(t *testing.T) {
+	f := &Fleet{Config: hostconfig.NewStore(), Ledger: allocation.New(), Tasks: noTasks{}}
+	f.init()
+	res, err := f.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "berth-system", Name: "vm-linux-s390x-abcde"}})
+	if err != nil || res.RequeueAfter <= 0 {
+		t.Fatalf("before the config is read: %+v, %v; want a retry soon and no error", res, err)
 	}
 }
