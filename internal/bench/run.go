@@ -499,7 +499,7 @@ func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity
 	if err != nil {
 		return nil, err
 	}
-	h := &hostChecker{capacity: capacity, hostOf: map[string]string{}, count: map[string]int{}, freed: map[string][]time.Time{}, tasksOn: map[string][]string{}}
+	h := newHostChecker(capacity)
 	seen := func(obj any) {
 		if tr, ok := obj.(*pipelinev1.TaskRun); ok {
 			h.observe(tr.Name, tr.Labels[contract.AssignedHostLabel], waiting())
@@ -522,6 +522,10 @@ func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity
 		return nil, fmt.Errorf("the checker's informer did not sync")
 	}
 	return h, nil
+}
+
+func newHostChecker(capacity int) *hostChecker {
+	return &hostChecker{capacity: capacity, hostOf: map[string]string{}, count: map[string]int{}, freed: map[string][]time.Time{}, tasksOn: map[string][]string{}}
 }
 
 func (h *hostChecker) observe(task, host string, waiting int) {

@@ -58,7 +58,8 @@ task assigned to it).
 served tasks plus up to a second, and starts it again at once with the same command;
 controllerKills counts the kills. The cloud and the simulation live on. Over-commit is
 checked in every scenario: no host or VM (named by its BuildHost record) is ever assigned more
-tasks at once than its slots.`,
+tasks at once than its slots. userTaskWarnings counts the Warning events on the user
+TaskRuns by reason: a run has nothing that deserves one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.ScenarioNamed(scenario, scale)
