@@ -43,8 +43,10 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 ## bench: the Go benchmarks (ledger hand-over; slot freed → next waiter on the real stack), then
-## the load harness on both scenarios. BENCH_SCALE shrinks the scenarios; BENCH_ARGS passes
-## more flags to `berth bench` (--baseline "<other controller>", --json).
+## the load harness on its scenarios: static, idle-cluster, dynamic (a VM per task) and
+## dynamic-pool (shared VMs), the last two on the local VM cloud's real SSH hosts. BENCH_SCALE
+## shrinks the scenarios; BENCH_ARGS passes more flags to `berth bench` (--baseline "<other
+## controller>", --json, --chaos N).
 BENCHTIME ?= 50x
 BENCH_SCALE ?= 1
 BENCH_ARGS ?=
@@ -53,6 +55,8 @@ bench: prereqs testbin build
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/controller/taskrun/ 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	bin/berth bench --scenario static --scale $(BENCH_SCALE) $(BENCH_ARGS)
 	bin/berth bench --scenario idle-cluster --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth bench --scenario dynamic --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth bench --scenario dynamic-pool --scale $(BENCH_SCALE) $(BENCH_ARGS)
 
 ## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C
 run: prereqs testbin build

@@ -305,3 +305,29 @@ func TestAdoptNeverOvercommits(t *testing.T) {
 		}
 	}
 }
+
+// TestRetiredVMStaysKnownUntilRemoved: after a restart, a VM retired before the crash is put
+// back closed, whether or not a task still holds it (restored from its record first), and it
+// stays known, free, once its last task goes: the planner terminates only VMs it sees free.
+func TestRetiredVMStaysKnownUntilRemoved(t *testing.T) {
+	vm := Host{Name: "vm-1", Platform: "linux/s390x", Capacity: 4}
+	for _, held := range []bool{false, true} {
+		l := New()
+		if held {
+			l.Restore(task(0), vm.Name, vm.Platform) // its task's record is read before the VM's
+		}
+		l.PutRetiredHost(vm)
+		if g := l.Acquire(req(1)); g.Host != "" {
+			t.Fatalf("held=%v: a retired VM took a new task: %+v", held, g)
+		}
+		l.Release(task(0))
+		occ := l.HostOccupancy(vm.Name)
+		if !occ.Known || !occ.Retired || occ.Used != 0 {
+			t.Fatalf("held=%v: the retired VM after its last task: %+v, want known, retired and free", held, occ)
+		}
+		l.RemoveHost(vm.Name)
+		if l.HostOccupancy(vm.Name).Known {
+			t.Fatalf("held=%v: a removed VM is still known", held)
+		}
+	}
+}

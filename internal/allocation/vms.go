@@ -20,6 +20,22 @@ func (l *Ledger) PutHost(h Host) []Task {
 	return l.runnable(h.Platform)
 }
 
+// PutRetiredHost adds a VM host that takes no new task, or closes a known one, and keeps it
+// known (closed) until RemoveHost, whoever releases it. A restarted controller learns so of a
+// VM retired before it stopped: its tasks' records may be gone, so nothing else would put it
+// back, and a VM the ledger does not know is never seen free, so never terminated.
+func (l *Ledger) PutRetiredHost(h Host) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h.VM = true
+	s, ok := l.hosts[h.Name]
+	if !ok {
+		s = &hostState{holders: map[Task]struct{}{}}
+		l.hosts[h.Name] = s
+	}
+	s.Host, s.retired = h, true
+}
+
 // RetireHost stops a VM taking new tasks; its tasks stay until they release it.
 func (l *Ledger) RetireHost(name string) {
 	l.mu.Lock()

@@ -5,15 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
@@ -31,17 +31,37 @@ import (
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/sshfake"
+	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
 // Scenario is a workload.
 type Scenario struct {
 	Name        string
 	Hosts       int // static hosts of linux/s390x
-	Concurrency int // per host
+	Concurrency int // tasks at once per host (per VM on a VM platform)
 	Tasks       int // user TaskRuns, created in one burst
 	Unrelated   int // TaskRuns of no concern to the controller, present before it starts
 	MinRun      time.Duration
 	MaxRun      time.Duration
+	// MaxInstances > 0 makes linux/s390x a dynamic platform with that max-instances, served
+	// from a local VM cloud in the bench process: a VM per task, or with Pooled a
+	// dynamic-pool platform whose VMs take Concurrency tasks each.
+	MaxInstances int
+	Pooled       bool
+	// Chaos is how many times the controller is killed (SIGKILL) during the run, at random
+	// moments, and started again at once.
+	Chaos int
+}
+
+// vms tells whether the scenario's platform is served by VMs.
+func (sc Scenario) vms() bool { return sc.MaxInstances > 0 }
+
+// slots is how many tasks the platform runs at once.
+func (sc Scenario) slots() int {
+	if sc.vms() {
+		return sc.MaxInstances * sc.Concurrency
+	}
+	return sc.Hosts * sc.Concurrency
 }
 
 // ScenarioNamed returns a scenario, its counts multiplied by scale.
@@ -52,11 +72,21 @@ func ScenarioNamed(name string, scale float64) (Scenario, error) {
 		s = Scenario{Name: name, Hosts: 50, Concurrency: 4, Tasks: 2000, MinRun: time.Second, MaxRun: 3 * time.Second}
 	case "idle-cluster":
 		s = Scenario{Name: name, Hosts: 10, Concurrency: 2, Tasks: 100, Unrelated: 20000, MinRun: time.Second, MaxRun: 3 * time.Second}
+	case "dynamic":
+		// Every task waits for a VM of its own to boot (a real sshd host, about 1.5 s).
+		s = Scenario{Name: name, MaxInstances: 20, Concurrency: 1, Tasks: 200, MinRun: time.Second, MaxRun: 3 * time.Second}
+	case "dynamic-pool":
+		s = Scenario{Name: name, MaxInstances: 12, Pooled: true, Concurrency: 4, Tasks: 2000, MinRun: time.Second, MaxRun: 3 * time.Second}
 	default:
-		return s, fmt.Errorf("unknown scenario %q: static or idle-cluster", name)
+		return s, fmt.Errorf("unknown scenario %q: static, idle-cluster, dynamic or dynamic-pool", name)
 	}
 	scaled := func(n int) int { return max(1, int(float64(n)*scale+0.5)) }
 	s.Hosts, s.Tasks = scaled(s.Hosts), scaled(s.Tasks)
+	if s.vms() {
+		s.Hosts = 0
+		// Two VMs at least, so that tasks are spread and hand-overs happen.
+		s.MaxInstances = max(2, scaled(s.MaxInstances))
+	}
 	if s.Unrelated > 0 {
 		s.Unrelated = scaled(s.Unrelated)
 	}
@@ -80,6 +110,13 @@ type Result struct {
 	PeakRSSMiB  float64 `json:"controllerPeakRssMiB"`
 	CPUSeconds  float64 `json:"controllerCpuSeconds"`
 	Violations  int     `json:"overcommitViolations"`
+	// ControllerKills is how many times chaos killed the controller during the run.
+	ControllerKills int `json:"controllerKills"`
+	// UserWarnings counts the Warning events on user TaskRuns by reason. Nothing in a run
+	// deserves one (no tenant edits anything, every host works): any is worth a look.
+	UserWarnings map[string]int `json:"userTaskWarnings"`
+	// VMResult is set on a VM platform; its fields are at the top level of the JSON.
+	*VMResult
 }
 
 // Percentiles of a latency, in milliseconds.
@@ -106,6 +143,16 @@ const (
 
 // Run measures one controller on one scenario, on a control plane of its own.
 func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) (_ *Result, retErr error) {
+	dir, err := os.MkdirTemp("", "berth-bench-")
+	if err != nil {
+		return nil, err
+	}
+	// The controller's log stays when the run fails: the error points to it.
+	defer func() {
+		if retErr == nil {
+			os.RemoveAll(dir)
+		}
+	}()
 	cp, err := controlplane.Start()
 	if err != nil {
 		return nil, err
@@ -120,24 +167,26 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	}
 	var harnessWrites atomic.Int64
 	var answers hostAnswers
+	// On a VM platform the fleet has no hosts: only its admin key, which the VMs accept.
 	hosts, err := sshfake.StartFleet(sc.Hosts, answers.answer)
 	if err != nil {
 		return nil, err
 	}
 	defer hosts.Close()
-	if err := setUp(ctx, cp, c, sc, hosts, &harnessWrites, log); err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "berth-bench-")
-	if err != nil {
-		return nil, err
-	}
-	// The controller's log stays when the run fails: the error points to it.
-	defer func() {
-		if retErr == nil {
-			os.RemoveAll(dir)
+	var cloud *vmcloud.Cloud
+	var cloudKey string
+	if sc.vms() {
+		var stopCloud func() error
+		cloud, cloudKey, stopCloud, err = startCloud(hosts.AdminKey, filepath.Join(dir, "vmcloud.log"))
+		if err != nil {
+			return nil, err
 		}
-	}()
+		// Deferred before the controller starts, so it stops after the controller.
+		defer stopCloud()
+	}
+	if err := setUp(ctx, cp, c, sc, hosts, cloud, cloudKey, &harnessWrites, log); err != nil {
+		return nil, err
+	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kubeconfig, cp.KubeConfig, 0o600); err != nil {
 		return nil, err
@@ -186,7 +235,22 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	}
 	simBefore, harnessBefore := sim.Writes(), harnessWrites.Load()
 
-	fmt.Fprintf(log, "%s: %d tasks on %d hosts x %d\n", sc.Name, sc.Tasks, sc.Hosts, sc.Concurrency)
+	if sc.vms() {
+		kind := "dynamic"
+		if sc.Pooled {
+			kind = "dynamic-pool"
+		}
+		fmt.Fprintf(log, "%s: %d tasks on a %s platform of at most %d VMs x %d\n", sc.Name, sc.Tasks, kind, sc.MaxInstances, sc.Concurrency)
+	} else {
+		fmt.Fprintf(log, "%s: %d tasks on %d hosts x %d\n", sc.Name, sc.Tasks, sc.Hosts, sc.Concurrency)
+	}
+	chaosCtx, stopChaos := context.WithCancel(ctx)
+	defer stopChaos()
+	chaosDone := make(chan error, 1)
+	go func() {
+		points := chaosPoints(sc.Chaos, sc.Tasks, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+		chaosDone <- runChaos(chaosCtx, ctrl, points, func() int { mu.Lock(); defer mu.Unlock(); return len(secretAt) - 1 }, log)
+	}()
 	start := time.Now()
 	err = parallel(sc.Tasks, 8, func(i int) error {
 		tr := userTask(fmt.Sprintf("task-%05d", i))
@@ -203,12 +267,26 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	if err != nil {
 		return nil, err
 	}
-	timeout := 5*time.Minute + time.Duration(sc.Tasks)*sc.MaxRun/time.Duration(max(1, sc.Hosts*sc.Concurrency))*2
+	// Each task holds a slot for its run; on a dynamic platform also for its VM's boot, its
+	// build user's removal and the VM's end. Every restart costs a resync.
+	perTask := sc.MaxRun
+	if sc.vms() && !sc.Pooled {
+		perTask += 10 * time.Second
+	}
+	timeout := 5*time.Minute + time.Duration(sc.Tasks)*perTask/time.Duration(max(1, sc.slots()))*2 + time.Duration(sc.Chaos)*30*time.Second
 	waitErr := waitFor(ctx, timeout, func() bool {
+		if _, dead := ctrl.died(); dead {
+			return true
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		return len(doneAt) >= sc.Tasks+1
 	})
+	stopChaos()
+	chaosErr := <-chaosDone
+	if how, dead := ctrl.died(); dead {
+		return nil, fmt.Errorf("the controller ended on its own (%s); see its log %s", how, ctrl.logPath)
+	}
 	// Let the controller finish its cleanups, so their writes count too.
 	time.Sleep(2 * time.Second)
 	usage := ctrl.usage()
@@ -216,11 +294,32 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	if err != nil {
 		return nil, err
 	}
+	warnings, err := warningsOn(ctx, c, userNamespace)
+	if err != nil {
+		return nil, err
+	}
+	var vmResult *VMResult
+	if sc.vms() {
+		vmResult, err = settleVMs(ctx, c, cloud, sc, chk, func() map[string]time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return maps.Clone(secretAt)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
+	overSSH := answers.provisions.Load()
+	if sc.vms() && sim.Provisions() == 0 {
+		// The VMs are real hosts the harness does not listen to: with no provision TaskRun
+		// seen, the controller made the build users over SSH itself.
+		overSSH = int64(len(secretAt))
+	}
 	res := &Result{Controller: controllerCmd, Scenario: sc.Name, Tasks: sc.Tasks, PeakRSSMiB: usage.peakRSSMiB, CPUSeconds: usage.cpuSeconds,
-		Provisioner: provisionerSeen(answers.provisions.Load(), sim.Provisions())}
+		Provisioner: provisionerSeen(overSSH, sim.Provisions()), ControllerKills: ctrl.killCount(), UserWarnings: warnings, VMResult: vmResult}
 	var latencies []time.Duration
 	var lastSecret, lastDone time.Time
 	for task, created := range createdAt {
@@ -242,6 +341,9 @@ func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) 
 	others := (sim.Writes() - simBefore) + (harnessWrites.Load() - harnessBefore)
 	if res.Served > 0 {
 		res.WritesPerAllocation = float64(writesAfter-writesBefore-others) / float64(res.Served)
+	}
+	if chaosErr != nil {
+		return res, fmt.Errorf("restarting the killed controller: %w (controller log: %s)", chaosErr, ctrl.logPath)
 	}
 	if waitErr != nil {
 		return res, fmt.Errorf("%d of %d tasks finished in %s (controller log: %s)", len(doneAt)-1, sc.Tasks, timeout, ctrl.logPath)
@@ -273,8 +375,9 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// setUp writes the scenario's config, host admin secret and unrelated TaskRuns.
-func setUp(ctx context.Context, cp *controlplane.ControlPlane, c client.Client, sc Scenario, hosts *sshfake.Fleet, writes *atomic.Int64, log io.Writer) error {
+// setUp writes the scenario's config, host admin secret (also the VMs' admin key), the VM
+// cloud's API key and unrelated TaskRuns.
+func setUp(ctx context.Context, cp *controlplane.ControlPlane, c client.Client, sc Scenario, hosts *sshfake.Fleet, cloud *vmcloud.Cloud, cloudKey string, writes *atomic.Int64, log io.Writer) error {
 	for _, ns := range []string{controllerNamespace, userNamespace, "unrelated"} {
 		if err := cp.EnsureNamespace(ctx, ns); err != nil {
 			return err
@@ -292,9 +395,15 @@ func setUp(ctx context.Context, cp *controlplane.ControlPlane, c client.Client, 
 		data[p+"secret"] = adminSecret
 		data[p+"concurrency"] = strconv.Itoa(sc.Concurrency)
 	}
+	objects := []client.Object{secret}
+	if cloud != nil {
+		addVMPlatform(data, sc, cloud.URL())
+		objects = append(objects, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: cloudSecret, Namespace: controllerNamespace},
+			Data: map[string][]byte{"api-key": []byte(cloudKey)}})
+	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "host-config", Namespace: controllerNamespace,
 		Labels: map[string]string{contract.ConfigLabel: "hosts"}}, Data: data}
-	for _, o := range []client.Object{secret, cm} {
+	for _, o := range append(objects, cm) {
 		if err := c.Create(ctx, o); err != nil {
 			return err
 		}
@@ -324,6 +433,21 @@ func userTask(name string) *pipelinev1.TaskRun {
 			},
 		},
 	}
+}
+
+// warningsOn counts the Warning events of a namespace by reason.
+func warningsOn(ctx context.Context, c client.Client, namespace string) (map[string]int, error) {
+	var list corev1.EventList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	out := map[string]int{}
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning {
+			out[e.Reason] += max(1, int(e.Count))
+		}
+	}
+	return out, nil
 }
 
 // apiWrites is the apiserver's own count of mutating requests so far.
@@ -362,6 +486,8 @@ type hostChecker struct {
 	freed      map[string][]time.Time
 	handOvers  []time.Duration
 	violations int
+	// tasksOn lists the tasks each host was ever assigned, in order, each once.
+	tasksOn map[string][]string
 }
 
 func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity int, waiting func() int) (*hostChecker, error) {
@@ -373,7 +499,7 @@ func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity
 	if err != nil {
 		return nil, err
 	}
-	h := &hostChecker{capacity: capacity, hostOf: map[string]string{}, count: map[string]int{}, freed: map[string][]time.Time{}}
+	h := newHostChecker(capacity)
 	seen := func(obj any) {
 		if tr, ok := obj.(*pipelinev1.TaskRun); ok {
 			h.observe(tr.Name, tr.Labels[contract.AssignedHostLabel], waiting())
@@ -398,6 +524,10 @@ func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity
 	return h, nil
 }
 
+func newHostChecker(capacity int) *hostChecker {
+	return &hostChecker{capacity: capacity, hostOf: map[string]string{}, count: map[string]int{}, freed: map[string][]time.Time{}, tasksOn: map[string][]string{}}
+}
+
 func (h *hostChecker) observe(task, host string, waiting int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -415,6 +545,9 @@ func (h *hostChecker) observe(task, host string, waiting int) {
 	h.hostOf[task] = host
 	if host != "" {
 		h.count[host]++
+		if !slices.Contains(h.tasksOn[host], task) {
+			h.tasksOn[host] = append(h.tasksOn[host], task)
+		}
 		if h.count[host] > h.capacity {
 			h.violations++
 		}
@@ -425,80 +558,36 @@ func (h *hostChecker) observe(task, host string, waiting int) {
 	}
 }
 
+// assignments is a copy of the tasks each host was assigned.
+func (h *hostChecker) assignments() map[string][]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string][]string, len(h.tasksOn))
+	for host, tasks := range h.tasksOn {
+		out[host] = slices.Clone(tasks)
+	}
+	return out
+}
+
 func (h *hostChecker) result() (Percentiles, int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return percentiles(append([]time.Duration(nil), h.handOvers...)), h.violations
 }
 
-// controllerProcess is the controller under test.
-type controllerProcess struct {
-	cmd     *exec.Cmd
-	logPath string
-}
-
-type usage struct{ peakRSSMiB, cpuSeconds float64 }
-
-// startController runs the command line through sh (exec, so the pid is the controller's) with
-// KUBECONFIG and POD_NAMESPACE set.
-func startController(command, kubeconfig, logPath string) (*controllerProcess, error) {
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command("sh", "-c", "exec "+command)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "POD_NAMESPACE="+controllerNamespace)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting the controller %q: %w", command, err)
-	}
-	return &controllerProcess{cmd: cmd, logPath: logPath}, nil
-}
-
-// usage reads the controller's peak resident memory and CPU time from /proc.
-func (p *controllerProcess) usage() usage {
-	var u usage
-	pid := strconv.Itoa(p.cmd.Process.Pid)
-	if status, err := os.ReadFile("/proc/" + pid + "/status"); err == nil {
-		for _, line := range strings.Split(string(status), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-				kb, _ := strconv.ParseFloat(f[1], 64)
-				u.peakRSSMiB = kb / 1024
-			}
-		}
-	}
-	if stat, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) > 12 {
-			utime, _ := strconv.ParseFloat(f[11], 64)
-			stime, _ := strconv.ParseFloat(f[12], 64)
-			u.cpuSeconds = (utime + stime) / 100 // USER_HZ
-		}
-	}
-	return u
-}
-
-func (p *controllerProcess) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-done
-	}
-}
-
 func waitFor(ctx context.Context, limit time.Duration, cond func() bool) error {
+	return poll(ctx, limit, 20*time.Millisecond, cond)
+}
+
+// poll calls cond every interval until it holds, for at most limit.
+func poll(ctx context.Context, limit, every time.Duration, cond func() bool) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for !cond() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(every):
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -109,15 +110,20 @@ func TestSimulatedTektonKeepsTheContract(t *testing.T) {
 }
 
 func TestHostCheckerCountsOvercommitAndHandOvers(t *testing.T) {
-	h := &hostChecker{capacity: 1, hostOf: map[string]string{}, count: map[string]int{}, freed: map[string][]time.Time{}}
+	h := newHostChecker(1)
 	h.observe("a", "h1", 1)
 	h.observe("b", "h1", 1) // over capacity
 	h.observe("b", "", 0)   // leaves with nobody waiting: no hand-over to measure
 	h.observe("a", "", 1)   // frees the slot while one waits
 	h.observe("c", "h1", 0) // takes it
+	h.observe("c", "", 0)
+	h.observe("c", "h1", 0) // the same task again: assigned once
 	got, violations := h.result()
 	if violations != 1 || got.N != 1 {
 		t.Fatalf("violations=%d hand-overs=%d, want 1 and 1", violations, got.N)
+	}
+	if on := h.assignments()["h1"]; !slices.Equal(on, []string{"a", "b", "c"}) {
+		t.Fatalf("tasks assigned to h1: %v, want a, b, c", on)
 	}
 }
 
@@ -125,6 +131,14 @@ func TestScenarioScale(t *testing.T) {
 	s, err := ScenarioNamed("idle-cluster", 0.1)
 	if err != nil || s.Tasks != 10 || s.Unrelated != 2000 || s.Hosts != 1 {
 		t.Fatalf("%+v %v", s, err)
+	}
+	d, err := ScenarioNamed("dynamic", 0.25)
+	if err != nil || d.Tasks != 50 || d.MaxInstances != 5 || d.Hosts != 0 || d.Concurrency != 1 || d.Pooled {
+		t.Fatalf("dynamic at 0.25: %+v %v", d, err)
+	}
+	p, err := ScenarioNamed("dynamic-pool", 0.1)
+	if err != nil || p.Tasks != 200 || p.MaxInstances != 2 || !p.Pooled || p.Concurrency != 4 || p.slots() != 8 {
+		t.Fatalf("dynamic-pool at 0.1 (max-instances at least 2): %+v %v", p, err)
 	}
 	if _, err := ScenarioNamed("nope", 1); err == nil {
 		t.Fatal("an unknown scenario must be refused")

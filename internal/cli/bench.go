@@ -15,6 +15,7 @@ func newBenchCommand() *cobra.Command {
 		scenario, controllerCmd, baseline, provisioner string
 		scale                                          float64
 		asJSON                                         bool
+		chaos                                          int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -34,15 +35,38 @@ says which way the hosts were reached. Any controller that keeps the contract ca
 like for like; it must find its config by the label in $POD_NAMESPACE and need nothing else
 installed. A run that serves no task fails.
 
-Scenarios: static (50 hosts x 4, 2,000 TaskRuns in a burst) and idle-cluster (20,000
+Scenarios: static (50 hosts x 4, 2,000 TaskRuns in a burst), idle-cluster (20,000
 unrelated TaskRuns present, then 10 hosts x 2 and 100 TaskRuns: the controller's memory with
-a big cluster). --scale multiplies hosts and task counts.`,
+a big cluster), dynamic (a VM per task: 200 TaskRuns, max-instances 20) and dynamic-pool
+(VMs shared by 4 tasks each: 2,000 TaskRuns, max-instances 12, max-age 2 h). --scale
+multiplies hosts, task counts and max-instances (at least 2).
+
+The dynamic scenarios start a local VM cloud in the bench process, whose VMs are real SSH
+hosts (root, sshd, iproute2 and util-linux needed; about 1.5 s to boot), and configure the
+platform as type local-vm on it (endpoint, its API key in Secret vm-cloud-credentials, key
+api-key; ssh-secret host-admin-key, whose key the VMs accept for root; check-interval 1,
+allocation-timeout 3600). They also report, from the cloud's own account of every instance:
+instancesLaunched, peakInstances and maxInstancesExceeded (launches that took the platform
+above max-instances), doubleLaunches (a launch token used twice, or a record's instance
+launched while another of the same record was up), leakedInstances (up after the run and up
+to 2 minutes of settling while no BuildHost record holds them, or their record is retired or
+past max-age; pool VMs with a live record are not leaks), singleUseVmsReused and
+vmReadyToSecretMs (from an instance becoming running in the cloud to the first secret of a
+task assigned to it).
+
+--chaos N kills the controller (SIGKILL) N times during the run, after random numbers of
+served tasks plus up to a second, and starts it again at once with the same command;
+controllerKills counts the kills. The cloud and the simulation live on. Over-commit is
+checked in every scenario: no host or VM (named by its BuildHost record) is ever assigned more
+tasks at once than its slots. userTaskWarnings counts the Warning events on the user
+TaskRuns by reason: a run has nothing that deserves one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.ScenarioNamed(scenario, scale)
 			if err != nil {
 				return err
 			}
+			sc.Chaos = chaos
 			if controllerCmd == "" {
 				self, err := os.Executable()
 				if err != nil {
@@ -58,6 +82,12 @@ a big cluster). --scale multiplies hosts and task counts.`,
 			for _, c := range commands {
 				res, err := bench.Run(cmd.Context(), sc, c, cmd.ErrOrStderr())
 				if err != nil {
+					if res != nil {
+						// What a failed run measured helps to find why it failed.
+						enc := json.NewEncoder(cmd.ErrOrStderr())
+						enc.SetIndent("", "  ")
+						_ = enc.Encode(res)
+					}
 					return fmt.Errorf("%s: %w", c, err)
 				}
 				results = append(results, res)
@@ -71,11 +101,12 @@ a big cluster). --scale multiplies hosts and task counts.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&scenario, "scenario", "static", "static or idle-cluster")
+	cmd.Flags().StringVar(&scenario, "scenario", "static", "static, idle-cluster, dynamic or dynamic-pool")
 	cmd.Flags().Float64Var(&scale, "scale", 1, "multiply the scenario's hosts and task counts (0.1 for a quick run)")
 	cmd.Flags().StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: this berth's controller)")
 	cmd.Flags().StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the results as JSON")
+	cmd.Flags().IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
 	cmd.Flags().StringVar(&provisioner, "provisioner", "ssh", "how this berth's controller reaches the hosts: ssh or taskrun (ignored with --controller)")
 	return cmd
 }

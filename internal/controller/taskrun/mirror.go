@@ -9,6 +9,7 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -80,6 +81,7 @@ func setOrDelete(m map[string]string, key, value string) {
 // berth itself last wrote, a tenant edited them: the edit is reverted, at most once per
 // MirrorRevertInterval per TaskRun and with an Event, and changes nothing else.
 func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	r.noteMirrorSet(tr.UID)
 	want := mirrorOf(rec)
 	last, wrote := r.mirrors.Load(tr.UID)
 	if wrote && last.(mirrorState) == want {
@@ -111,12 +113,24 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 // patchMirrors writes m with a merge patch under optimistic locking. Cached TaskRuns are
 // stripped of what berth does not read, so they are never written whole.
 func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m mirrorState) error {
+	r.noteMirrorSet(tr.UID)
 	before := tr.DeepCopy()
 	m.apply(tr)
 	if sameMetadata(before, tr) {
 		return nil
 	}
 	return r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}
+
+// noteMirrorSet counts that the TaskRun's mirrors were set from what berth knows now.
+func (r *Reconciler) noteMirrorSet(uid types.UID) {
+	r.mirrorSets.Store(uid, r.mirrorSetCount(uid)+1)
+}
+
+func (r *Reconciler) mirrorSetCount(uid types.UID) uint64 {
+	n, _ := r.mirrorSets.Load(uid)
+	count, _ := n.(uint64)
+	return count
 }
 
 func sameMetadata(a, b *pipelinev1.TaskRun) bool {

@@ -64,6 +64,9 @@ type Reconciler struct {
 	mirrors  sync.Map // TaskRun UID → mirrorState berth last wrote
 	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	now      func() time.Time
+	// mirrorSets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
+	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
+	mirrorSets sync.Map
 	// started is when this controller started: only TaskRuns older than that can have been
 	// served by the controller berth replaces.
 	started time.Time
@@ -158,11 +161,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 type outcomes struct {
 	res reconcile.Result
 	err error
+	// stale: a write failed because the copy it was based on was stale.
+	stale bool
 }
 
 func (o *outcomes) add(res reconcile.Result, err error) {
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || errors.Is(err, errStale) {
 		res, err = reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+		o.stale = true
 	}
 	if err != nil && o.err == nil {
 		o.err = err

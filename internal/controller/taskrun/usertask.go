@@ -39,6 +39,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		return r.admit(ctx, tr)
 	}
 	var results outcomes
+	sets := r.mirrorSetCount(tr.UID)
 	switch rec.Status.Phase {
 	case berthv1.PhaseWaiting, "":
 		results.add(r.reserve(ctx, tr, rec))
@@ -50,7 +51,14 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	if len(rec.Status.Debts) > 0 {
 		results.add(r.payDebts(ctx, rec))
 	}
-	results.add(r.mirror(ctx, tr, rec))
+	// The mirrors follow rec only when nothing above moved on from it. A step that wrote a
+	// new record set the mirrors from that one (a reserved host, a wait, an error), and a
+	// failed write proved rec stale: mirroring rec would take back what is true for a moment
+	// (a reserved task shown waiting again), and the next reconcile would take berth's own
+	// write for a tenant's edit and revert it with a MirrorReverted warning.
+	if !results.stale && r.mirrorSetCount(tr.UID) == sets {
+		results.add(r.mirror(ctx, tr, rec))
+	}
 	return results.result()
 }
 
@@ -404,6 +412,7 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		return reconcile.Result{}, err
 	}
 	r.mirrors.Delete(tr.UID)
+	r.mirrorSets.Delete(tr.UID)
 	r.reverted.Delete(tr.UID)
 	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReadyAt != nil {
 		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())

@@ -204,15 +204,19 @@ func loginOf(rec *berthv1.BuildHost) berthv1.HostLogin {
 		HostKey: rec.Status.Instance.HostKey, Platform: in.Platform, Instance: rec.Status.Instance.ID}
 }
 
-// open puts a ready VM into the ledger (or keeps a retired one closed) and wakes its waiters.
+// open puts a ready VM into the ledger (a retired one closed) and wakes its waiters.
 func (f *Fleet) open(rec *berthv1.BuildHost) {
 	f.setLogin(rec)
 	in := rec.Spec.Instance
+	host := allocation.Host{Name: rec.Name, Platform: in.Platform, Capacity: in.Slots, SingleUse: !in.Pooled}
 	if in.Retire != "" {
-		f.Ledger.RetireHost(rec.Name)
+		// Known to the ledger, closed: the planner terminates a retired VM once the ledger
+		// sees it free, and after a restart nothing else may put it there (a single-use VM
+		// whose task's record went just before the crash), so it would stay up for good.
+		f.Ledger.PutRetiredHost(host)
 		return
 	}
-	f.Tasks.Wake(f.Ledger.PutHost(allocation.Host{Name: rec.Name, Platform: in.Platform, Capacity: in.Slots, SingleUse: !in.Pooled}))
+	f.Tasks.Wake(f.Ledger.PutHost(host))
 	// A drained or quarantined VM stays out of service.
 	f.Tasks.Wake(f.Ledger.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined))
 }

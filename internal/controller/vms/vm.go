@@ -20,6 +20,12 @@ const maxLaunchAttempts = 3
 
 // Reconcile walks one VM record through its phases.
 func (f *Fleet) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	// Nothing is decided before the config is read: until then every platform looks
+	// unconfigured, and a record being launched would be given up (deleted, its instance
+	// left to the sweeper) as if the cloud had refused its settings for good.
+	if !f.Config.Synced() {
+		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
+	}
 	var rec berthv1.BuildHost
 	if err := f.Client.Get(ctx, req.NamespacedName, &rec); err != nil {
 		if client.IgnoreNotFound(err) == nil {

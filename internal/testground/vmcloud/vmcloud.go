@@ -57,9 +57,11 @@ type Instance struct {
 	// Address is the host's IP (198.18.N.2) while it runs; sshd listens on port 22.
 	Address string
 	// HostKey is the key the VM's sshd proves itself with, while it runs.
-	HostKey      ssh.PublicKey
-	Tags         map[string]string
-	LaunchedAt   time.Time
+	HostKey    ssh.PublicKey
+	Tags       map[string]string
+	LaunchedAt time.Time
+	// RunningAt is when its host answered and it became running (zero if it never did).
+	RunningAt    time.Time
 	TerminatedAt time.Time
 	// Reason says why a gone instance went: terminated, boot failed, vanished, cloud closed.
 	Reason string
@@ -326,6 +328,7 @@ func (c *Cloud) boot(ctx context.Context, v *vm) {
 	}
 	v.host = h
 	v.State = Running
+	v.RunningAt = time.Now()
 	v.Address = h.Address
 	v.HostKey = h.HostKey
 	c.notify()

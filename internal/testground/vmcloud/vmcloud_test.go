@@ -340,8 +340,12 @@ func TestVMsBootInParallelAndEnd(t *testing.T) {
 	running := make([]wireInstance, len(all))
 	addrs := map[string]bool{}
 	for i, inst := range all {
-		if _, err := c.WaitFor(ctx, inst.ID, Running); err != nil {
+		up, err := c.WaitFor(ctx, inst.ID, Running)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if up.RunningAt.Before(up.LaunchedAt) {
+			t.Errorf("%s: running at %s, launched at %s", inst.ID, up.RunningAt, up.LaunchedAt)
 		}
 		a := call(t, c, testKey, http.MethodGet, "/v1/instances/"+inst.ID, nil)
 		running[i] = a.instance(t)

@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// controllerProcess is the controller under test. Chaos kills it and starts it again; what
+// the killed processes used is kept, so usage covers the whole run.
+type controllerProcess struct {
+	command, kubeconfig, logPath string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+	// exited is closed once cmd has been waited for.
+	exited chan struct{}
+	log    *os.File
+	// spent is what the killed processes used.
+	spent usage
+	kills int
+}
+
+type usage struct{ peakRSSMiB, cpuSeconds float64 }
+
+// startController runs the command line through sh (exec, so the pid is the controller's) with
+// KUBECONFIG and POD_NAMESPACE set.
+func startController(command, kubeconfig, logPath string) (*controllerProcess, error) {
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	p := &controllerProcess{command: command, kubeconfig: kubeconfig, logPath: logPath, log: logFile}
+	if err := p.start(); err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// start runs a new process of the command; the caller holds mu (or owns p alone).
+func (p *controllerProcess) start() error {
+	cmd := exec.Command("sh", "-c", "exec "+p.command)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig, "POD_NAMESPACE="+controllerNamespace)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	exited := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		// Pdeathsig fires when the thread that started the child ends, not the process. Go
+		// ends a thread when a goroutine locked to it returns, as the VM cloud's host
+		// starters do: had one of them run on the thread that started the controller, the
+		// controller would die with it. This goroutine holds its thread until the
+		// controller is gone.
+		runtime.LockOSThread()
+		defer close(exited)
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("starting the controller %q: %w", p.command, err)
+	}
+	p.cmd, p.exited = cmd, exited
+	return nil
+}
+
+// killAndRestart kills the controller with SIGKILL, as a node failure or the OOM killer
+// would, and starts it again at once with the same command.
+func (p *controllerProcess) killAndRestart() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+	p.spent = p.spent.plus(exited(p.cmd.ProcessState))
+	p.kills++
+	fmt.Fprintf(p.log, "\n--- bench: controller killed (SIGKILL) at %s, kill %d; starting it again ---\n\n",
+		time.Now().Format(time.RFC3339Nano), p.kills)
+	return p.start()
+}
+
+// died says how the controller ended when it ended on its own (not by chaos, not stopped).
+func (p *controllerProcess) died() (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.exited:
+		return p.cmd.ProcessState.String(), true
+	default:
+		return "", false
+	}
+}
+
+// killCount is how many times the controller was killed.
+func (p *controllerProcess) killCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.kills
+}
+
+// exited is what a process that ended used, from its rusage.
+func exited(s *os.ProcessState) usage {
+	if s == nil {
+		return usage{}
+	}
+	u := usage{cpuSeconds: (s.UserTime() + s.SystemTime()).Seconds()}
+	if ru, ok := s.SysUsage().(*syscall.Rusage); ok {
+		u.peakRSSMiB = float64(ru.Maxrss) / 1024 // KiB on Linux
+	}
+	return u
+}
+
+// plus adds up CPU time and keeps the higher peak.
+func (u usage) plus(v usage) usage {
+	return usage{peakRSSMiB: max(u.peakRSSMiB, v.peakRSSMiB), cpuSeconds: u.cpuSeconds + v.cpuSeconds}
+}
+
+// usage is the peak resident memory and CPU time of the running controller (from /proc) and
+// of the ones killed before it.
+func (p *controllerProcess) usage() usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var u usage
+	pid := strconv.Itoa(p.cmd.Process.Pid)
+	if status, err := os.ReadFile("/proc/" + pid + "/status"); err == nil {
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+				kb, _ := strconv.ParseFloat(f[1], 64)
+				u.peakRSSMiB = kb / 1024
+			}
+		}
+	}
+	if stat, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) > 12 {
+			utime, _ := strconv.ParseFloat(f[11], 64)
+			stime, _ := strconv.ParseFloat(f[12], 64)
+			u.cpuSeconds = (utime + stime) / 100 // USER_HZ
+		}
+	}
+	return u.plus(p.spent)
+}
+
+func (p *controllerProcess) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.log.Close()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}

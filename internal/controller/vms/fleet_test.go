@@ -1,0 +1,86 @@
+package vms
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/fleet"
+)
+
+type noTasks struct{}
+
+func (noTasks) Wake([]allocation.Task)                   {}
+func (noTasks) ForgetHost(context.Context, string) error { return nil }
+func (noTasks) Restored() bool                           { return true }
+
+// TestARetiredVMIsTerminatedAfterARestart: a controller that restarts finds a VM retired
+// before the crash (a single-use VM that served its task, a pool VM past max-age), its
+// record ready. Once no task holds it, the planner terminates it, rather than taking it for
+// one still booting and keeping it, and its slot of max-instances, for good.
+func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		pooled bool
+		// holder still holds the VM when the controller starts (its record says so).
+		holder bool
+	}{
+		{name: "single-use, its task's record gone", pooled: false},
+		{name: "single-use, its task's cleanup still owed", pooled: false, holder: true},
+		{name: "pooled, its last task still running", pooled: true, holder: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &berthv1.BuildHost{
+				ObjectMeta: metav1.ObjectMeta{Name: "vm-linux-s390x-abcde", Namespace: "berth-system"},
+				Spec: berthv1.BuildHostSpec{Instance: &berthv1.InstanceSpec{Platform: "linux/s390x", Provider: "local-vm",
+					Slots: 1, Pooled: tc.pooled, Attempt: 1, Retire: "retired before the crash"}},
+				Status: berthv1.BuildHostStatus{Platform: "linux/s390x", Address: "198.18.1.2",
+					Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceReady, ID: "vm-1", ReadyAt: &metav1.Time{Time: now.Add(-time.Minute)}}},
+			}
+			if tc.pooled {
+				rec.Spec.Instance.Slots = 4
+			}
+			ledger := allocation.New()
+			task := allocation.Task{Namespace: "ns", Name: "build"}
+			if tc.holder {
+				ledger.Restore(task, rec.Name, "linux/s390x") // the tasks' records are read first
+			}
+			f := &Fleet{Ledger: ledger, Tasks: noTasks{}}
+			f.init()
+			f.open(rec) // the fleet's restore, or the VM loop's next pass over the ready record
+			platform := fleet.Platform{MaxInstances: 2, SlotsPerVM: rec.Spec.Instance.Slots, Pooled: tc.pooled}
+			if tc.holder {
+				if d := fleet.Plan(platform, []fleet.VM{f.snapshot(rec)}, now); len(d.Terminate) != 0 {
+					t.Fatalf("terminating %v while a task holds it", d.Terminate)
+				}
+				ledger.Release(task)
+			}
+			d := fleet.Plan(platform, []fleet.VM{f.snapshot(rec)}, now)
+			if !slices.Equal(d.Terminate, []string{rec.Name}) {
+				t.Errorf("the plan for the free retired VM: %+v; want it terminated", d)
+			}
+		})
+	}
+}
+
+// TestNothingIsDecidedBeforeTheConfigIsRead: a restarted controller's VM loop may run before
+// its config is loaded. It then waits, rather than taking every platform for unconfigured and
+// giving up the launches under way as refused for good. (The fleet has no client here: any
+// decision would fail the test by touching it.)
+func TestNothingIsDecidedBeforeTheConfigIsRead(t *testing.T) {
+	f := &Fleet{Config: hostconfig.NewStore(), Ledger: allocation.New(), Tasks: noTasks{}}
+	f.init()
+	res, err := f.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "berth-system", Name: "vm-linux-s390x-abcde"}})
+	if err != nil || res.RequeueAfter <= 0 {
+		t.Fatalf("before the config is read: %+v, %v; want a retry soon and no error", res, err)
+	}
+}
