@@ -170,6 +170,15 @@ func (f *Fleet) plan(ctx context.Context, d *config.DynamicPlatform, recs []*ber
 		if reason == "" {
 			reason = "it served its task"
 		}
+		// The decision was taken on a snapshot: close the VM first, then terminate it only if
+		// no task took it meanwhile (a retired VM goes on a later pass, once free).
+		f.Ledger.RetireHost(name)
+		if occ := f.Ledger.HostOccupancy(name); occ.Used > 0 {
+			if _, err := f.retire(ctx, byName[name], reason); err != nil {
+				return err
+			}
+			continue
+		}
 		if _, err := f.startTerminating(ctx, byName[name], reason); err != nil {
 			return err
 		}
