@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
@@ -75,13 +76,7 @@ func (s *Stack) AddDynamicPlatform(data map[string]string, platform string, d Dy
 		data[list] += ","
 	}
 	data[list] += platform
-	label := ""
-	for _, r := range platform {
-		if r == '/' {
-			r = '-'
-		}
-		label += string(r)
-	}
+	label := config.Platform(platform).Label()
 	set := func(field string, v any) { data["dynamic."+label+"."+field] = fmt.Sprint(v) }
 	set("type", "local-vm")
 	set("endpoint", s.VMCloud.URL())

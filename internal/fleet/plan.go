@@ -47,6 +47,8 @@ type Platform struct {
 	Queued int
 	// Paused stops launches: the cloud refused the last one for good (bad config, auth).
 	Paused bool
+	// Removed platforms left the config: they launch nothing, and every VM goes once free.
+	Removed bool
 }
 
 // Retirement says why a VM takes no more tasks.
@@ -55,11 +57,12 @@ type Retirement struct {
 	Reason string
 }
 
-// Decision is what to do now.
+// Decision is what to do now. A VM is in at most one list: Retire closes it for new tasks,
+// Terminate ends it (the reason is empty for one retired earlier, whose record says why).
 type Decision struct {
 	Launch    int
 	Retire    []Retirement
-	Terminate []string
+	Terminate []Retirement
 }
 
 // Plan decides for one platform. Launches cover the queue and min-idle beyond the free and
@@ -70,18 +73,25 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 	slots := max(p.SlotsPerVM, 1)
 	free, booting := 0, 0
 	var idle []VM // ready, open and unused: candidates for retiring when nobody wants them
+	// end retires vm for why, and terminates it at once if no task holds it.
+	end := func(vm VM, why string) {
+		if vm.Used == 0 {
+			d.Terminate = append(d.Terminate, Retirement{vm.Name, why})
+		} else {
+			d.Retire = append(d.Retire, Retirement{vm.Name, why})
+		}
+	}
 	for _, vm := range vms {
 		switch {
 		case vm.Phase == Terminating:
 		case vm.Retired:
 			if vm.Used == 0 && vm.Phase == Ready {
-				d.Terminate = append(d.Terminate, vm.Name)
+				d.Terminate = append(d.Terminate, Retirement{Name: vm.Name})
 			}
+		case p.Removed:
+			end(vm, "its platform is no longer a dynamic platform in the host configuration")
 		case vm.Phase == Ready && p.MaxAge > 0 && now.Sub(vm.ReadyAt) > p.MaxAge:
-			d.Retire = append(d.Retire, Retirement{vm.Name, "older than max-age (" + p.MaxAge.String() + ")"})
-			if vm.Used == 0 {
-				d.Terminate = append(d.Terminate, vm.Name)
-			}
+			end(vm, "older than max-age ("+p.MaxAge.String()+")")
 		case vm.Phase == Ready:
 			free += max(0, vm.Slots-vm.Used)
 			if vm.Used == 0 {
@@ -90,6 +100,9 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 		default:
 			booting += vm.Slots
 		}
+	}
+	if p.Removed {
+		return d
 	}
 	need := p.Queued + p.MinIdle
 	// A VM launched for one task does not wait around once no task (and no min-idle) wants it;
@@ -101,8 +114,7 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 				break
 			}
 			free -= vm.Slots
-			d.Retire = append(d.Retire, Retirement{vm.Name, "no task waits for it"})
-			d.Terminate = append(d.Terminate, vm.Name)
+			end(vm, "no task waits for it")
 		}
 	}
 	if p.Paused {

@@ -30,31 +30,35 @@ func TestPlan(t *testing.T) {
 		{name: "a launch being recorded counts", p: with(dyn, func(p *Platform) { p.Queued = 1 }), vms: []VM{{Name: "a", Phase: Launching, Slots: 1}}},
 		{name: "free ready VM serves the queue", p: with(dyn, func(p *Platform) { p.Queued = 1 }), vms: []VM{ready("a", 1, 0, fresh)}},
 		{name: "min-idle keeps warm VMs", p: with(dyn, func(p *Platform) { p.MinIdle = 2 }), vms: []VM{ready("a", 1, 0, fresh)}, launch: 1},
-		{name: "unwanted idle dynamic VM goes", p: dyn, vms: []VM{ready("a", 1, 0, fresh)}, retire: []string{"a"}, terminate: []string{"a"}},
+		{name: "unwanted idle dynamic VM goes", p: dyn, vms: []VM{ready("a", 1, 0, fresh)}, terminate: []string{"a"}},
 		{name: "idle beyond min-idle goes, oldest first", p: with(dyn, func(p *Platform) { p.MinIdle = 1 }),
-			vms: []VM{ready("a", 1, 0, fresh), ready("b", 1, 0, old)}, retire: []string{"b"}, terminate: []string{"b"}},
+			vms: []VM{ready("a", 1, 0, fresh), ready("b", 1, 0, old)}, terminate: []string{"b"}},
 		{name: "used single-use VM is terminated once free", p: dyn, vms: []VM{{Name: "a", Phase: Ready, Slots: 1, Retired: true, SingleUse: true}}, terminate: []string{"a"}},
 		{name: "retired VM with a task stays", p: dyn, vms: []VM{{Name: "a", Phase: Ready, Slots: 1, Used: 1, Retired: true}}},
 		{name: "pool packs before launching", p: with(pool, func(p *Platform) { p.Queued = 2 }), vms: []VM{ready("a", 3, 1, fresh)}},
 		{name: "pool launches for demand beyond free slots", p: with(pool, func(p *Platform) { p.Queued = 4 }), vms: []VM{ready("a", 3, 1, fresh)}, launch: 1},
 		{name: "pool launches whole VMs for the queue", p: with(pool, func(p *Platform) { p.Queued = 4; p.MaxInstances = 5 }), launch: 2},
 		{name: "pool keeps idle VMs until max-age", p: pool, vms: []VM{ready("a", 3, 0, fresh)}},
-		{name: "pool culls idle VMs past max-age", p: pool, vms: []VM{ready("a", 3, 0, old)}, retire: []string{"a"}, terminate: []string{"a"}},
+		{name: "pool culls idle VMs past max-age", p: pool, vms: []VM{ready("a", 3, 0, old)}, terminate: []string{"a"}},
 		{name: "busy VM past max-age is retired, never terminated", p: pool, vms: []VM{ready("a", 3, 2, old)}, retire: []string{"a"}},
 		{name: "warm VM past max-age is replaced", p: with(dyn, func(p *Platform) { p.MinIdle = 1; p.MaxAge = time.Hour }),
-			vms: []VM{ready("a", 1, 0, old)}, launch: 1, retire: []string{"a"}, terminate: []string{"a"}},
+			vms: []VM{ready("a", 1, 0, old)}, launch: 1, terminate: []string{"a"}},
+		{name: "removed platform: busy VMs retire, free ones go, nothing launches", p: with(dyn, func(p *Platform) { p.Removed = true; p.Queued = 3 }),
+			vms: []VM{ready("a", 1, 1, fresh), ready("b", 1, 0, fresh), {Name: "c", Phase: Booting, Slots: 1}}, retire: []string{"a"}, terminate: []string{"b", "c"}},
 		{name: "paused platform launches nothing", p: with(dyn, func(p *Platform) { p.Queued = 2; p.Paused = true })},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d := Plan(c.p, c.vms, now)
-			var retired []string
-			for _, r := range d.Retire {
-				retired = append(retired, r.Name)
+			names := func(rs []Retirement) (out []string) {
+				for _, r := range rs {
+					out = append(out, r.Name)
+				}
+				return out
 			}
-			if d.Launch != c.launch || !slices.Equal(retired, c.retire) || !slices.Equal(d.Terminate, c.terminate) {
+			if d.Launch != c.launch || !slices.Equal(names(d.Retire), c.retire) || !slices.Equal(names(d.Terminate), c.terminate) {
 				t.Fatalf("got launch %d retire %v terminate %v; want launch %d retire %v terminate %v",
-					d.Launch, retired, d.Terminate, c.launch, c.retire, c.terminate)
+					d.Launch, names(d.Retire), names(d.Terminate), c.launch, c.retire, c.terminate)
 			}
 		})
 	}

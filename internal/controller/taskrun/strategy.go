@@ -31,9 +31,8 @@ type VMs interface {
 	// Kick asks for a planning pass: tasks wait.
 	Kick()
 	Unservable(platform string, waited time.Duration) (reason, message string, recheck time.Duration)
-	// SingleUse VMs serve one task; Retire marks one spent before its task's record goes.
-	SingleUse(host string) bool
-	Retire(ctx context.Context, host, reason string) error
+	// Released is told before a task's last hold on host goes (a single-use VM is retired).
+	Released(ctx context.Context, host string) error
 	// Gone tells whether a VM's record (and so the VM) is gone.
 	Gone(ctx context.Context, host string) (bool, error)
 }
@@ -51,6 +50,15 @@ func (r *Reconciler) strategyFor(kind config.Strategy) strategy {
 		}
 	}
 	return nil
+}
+
+// strategyOf is how the record's platform is served. A record is only written for a kind that
+// holds hosts; one this berth cannot serve (written by another release) holds nothing here.
+func (r *Reconciler) strategyOf(rec *berthv1.Allocation) strategy {
+	if s := r.strategyFor(config.Strategy(rec.Spec.Strategy)); s != nil {
+		return s
+	}
+	return local{}
 }
 
 // local platforms build on the cluster's own nodes.
@@ -92,8 +100,5 @@ func (v vmStrategy) busy(platform string, waited time.Duration) (string, string,
 }
 
 func (v vmStrategy) releasing(ctx context.Context, host string) error {
-	if !v.vms.SingleUse(host) {
-		return nil
-	}
-	return v.vms.Retire(ctx, host, "it served its task")
+	return v.vms.Released(ctx, host)
 }

@@ -135,12 +135,8 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	case grant.Host == "":
 		return r.wait(ctx, tr, rec, grant.Position)
 	}
-	strategy := r.strategyFor(config.Strategy(rec.Spec.Strategy))
-	var login berthv1.HostLogin
-	if strategy != nil {
-		login, _ = strategy.login(grant.Host)
-	}
-	if login.Host == "" {
+	login, ok := r.strategyOf(rec).login(grant.Host)
+	if !ok {
 		r.wake(r.Ledger.Release(task))
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
@@ -199,15 +195,13 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
 		}
 	}
-	if strategy := r.strategyFor(config.Strategy(rec.Spec.Strategy)); strategy != nil {
-		reason, message, recheck := strategy.busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
-		if reason != "" {
-			r.wake(r.Ledger.Release(taskOf(tr)))
-			return r.giveUp(ctx, tr, rec, reason, message)
-		}
-		if recheck > 0 && (left == 0 || recheck < left) {
-			left = recheck
-		}
+	reason, message, recheck := r.strategyOf(rec).busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
+	if reason != "" {
+		r.wake(r.Ledger.Release(taskOf(tr)))
+		return r.giveUp(ctx, tr, rec, reason, message)
+	}
+	if recheck > 0 && (left == 0 || recheck < left) {
+		left = recheck
 	}
 	if rec.Status.Phase != berthv1.PhaseWaiting || rec.ResourceVersion == "" {
 		next := rec.DeepCopy()
@@ -537,11 +531,8 @@ func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocat
 		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
 	})
 	for _, d := range settled {
-		if !d.HoldsSlot {
-			continue
-		}
-		if strategy := r.strategyFor(config.Strategy(rec.Spec.Strategy)); strategy != nil {
-			if err := strategy.releasing(ctx, d.Host); err != nil {
+		if d.HoldsSlot {
+			if err := r.strategyOf(rec).releasing(ctx, d.Host); err != nil {
 				return err
 			}
 		}

@@ -62,11 +62,10 @@ type Fleet struct {
 	kick chan struct{}
 
 	mu           sync.Mutex
-	logins       map[string]readyVM       // ready VMs by record name
-	trouble      map[string]trouble       // platform → last launch failure
-	providers    map[string]providerEntry // platform → provider built from its settings
+	logins       map[string]berthv1.HostLogin // ready VMs by record name
+	trouble      map[string]trouble           // platform → last launch failure
+	providers    map[string]providerEntry     // platform → provider built from its settings
 	installation string
-	restored     bool
 }
 
 // trouble is a platform's launch failing.
@@ -88,7 +87,7 @@ func (f *Fleet) init() {
 	defer f.mu.Unlock()
 	if f.kick == nil {
 		f.kick = make(chan struct{}, 1)
-		f.logins = map[string]readyVM{}
+		f.logins = map[string]berthv1.HostLogin{}
 		f.trouble = map[string]trouble{}
 		f.providers = map[string]providerEntry{}
 	}
@@ -106,13 +105,8 @@ func (f *Fleet) Kick() {
 func (f *Fleet) Login(host string) (berthv1.HostLogin, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	vm, ok := f.logins[host]
-	return vm.login, ok
-}
-
-type readyVM struct {
-	login     berthv1.HostLogin
-	singleUse bool
+	login, ok := f.logins[host]
+	return login, ok
 }
 
 // Gone tells whether a VM named host has no record any more (its instance is terminated).
@@ -189,7 +183,7 @@ func (f *Fleet) paused(platform string) bool {
 func (f *Fleet) setLogin(rec *berthv1.BuildHost) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.logins[rec.Name] = readyVM{login: loginOf(rec), singleUse: !rec.Spec.Instance.Pooled}
+	f.logins[rec.Name] = loginOf(rec)
 }
 
 func (f *Fleet) dropLogin(name string) {
@@ -221,31 +215,17 @@ func (f *Fleet) open(rec *berthv1.BuildHost) {
 	f.Tasks.Wake(f.Ledger.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined))
 }
 
-// Retire stops a VM taking tasks, in its record: how a single-use VM is marked spent before
-// the record of its one task goes, so no restart can hand it to a second task.
-func (f *Fleet) Retire(ctx context.Context, host, reason string) error {
+// Released is told that a task's last hold on host is going: a single-use VM is retired in
+// its record first, so no restart can hand it to a second task.
+func (f *Fleet) Released(ctx context.Context, host string) error {
 	var rec berthv1.BuildHost
 	if err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.Namespace, Name: host}, &rec); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if rec.Spec.Instance == nil || rec.Spec.Instance.Retire != "" {
+	if rec.Spec.Instance == nil || rec.Spec.Instance.Pooled {
 		return nil
 	}
-	next := rec.DeepCopy()
-	next.Spec.Instance.Retire = reason
-	if err := f.Client.Update(ctx, next); err != nil {
-		return err
-	}
-	f.Ledger.RetireHost(host)
-	f.Kick()
-	return nil
-}
-
-// SingleUse tells whether host is a VM that serves one task.
-func (f *Fleet) SingleUse(host string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.logins[host].singleUse
+	return f.retire(ctx, &rec, "it served its task")
 }
 
 func (f *Fleet) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {

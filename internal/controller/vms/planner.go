@@ -1,6 +1,7 @@
 package vms
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"slices"
@@ -77,9 +78,6 @@ func (f *Fleet) restore(ctx context.Context) error {
 			f.open(rec)
 		}
 	}
-	f.mu.Lock()
-	f.restored = true
-	f.mu.Unlock()
 	return nil
 }
 
@@ -117,70 +115,55 @@ func (f *Fleet) planAll(ctx context.Context) error {
 		byPlatform[rec.Spec.Instance.Platform] = append(byPlatform[rec.Spec.Instance.Platform], rec)
 	}
 	var firstErr error
-	for _, p := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
-		if err := f.plan(ctx, cfg.Dynamic[p], byPlatform[string(p)]); err != nil && firstErr == nil {
+	note := func(err error) {
+		if err != nil && firstErr == nil {
 			firstErr = err
 		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
+		d := cfg.Dynamic[p]
+		note(f.plan(ctx, string(p), fleet.Platform{
+			MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(),
+			Pooled: d.Pool != nil, Queued: len(f.Ledger.Waiters(string(p))), Paused: f.paused(string(p)),
+		}, byPlatform[string(p)], d))
 		delete(byPlatform, string(p))
 	}
-	// A platform gone from the config (or no longer dynamic) launches nothing; its idle VMs go.
-	for _, recs := range byPlatform {
-		for _, rec := range recs {
-			if err := f.retireGone(ctx, rec); err != nil && firstErr == nil {
-				firstErr = err
-			}
-		}
+	// A platform gone from the config (or no longer dynamic) launches nothing; its VMs go.
+	for _, p := range slices.Sorted(maps.Keys(byPlatform)) {
+		note(f.plan(ctx, p, fleet.Platform{Removed: true}, byPlatform[p], nil))
 	}
 	return firstErr
 }
 
-// plan carries out the fleet's decision for one platform.
-func (f *Fleet) plan(ctx context.Context, d *config.DynamicPlatform, recs []*berthv1.BuildHost) error {
-	platform := string(d.Platform)
-	var vms []fleet.VM
+// plan carries out the fleet's decision for one platform (d is nil for a removed one).
+func (f *Fleet) plan(ctx context.Context, platform string, p fleet.Platform, recs []*berthv1.BuildHost, d *config.DynamicPlatform) error {
+	vms := make([]fleet.VM, 0, len(recs))
 	byName := map[string]*berthv1.BuildHost{}
 	for _, rec := range recs {
 		byName[rec.Name] = rec
 		vms = append(vms, f.snapshot(rec))
 	}
-	decision := fleet.Plan(fleet.Platform{
-		MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(),
-		Pooled: d.Pool != nil, Queued: len(f.Ledger.Waiters(platform)), Paused: f.paused(platform),
-	}, vms, f.now())
+	decision := fleet.Plan(p, vms, f.now())
 	vmCount.WithLabelValues(platform).Set(float64(len(recs)))
-	terminate := map[string]bool{}
-	for _, name := range decision.Terminate {
-		terminate[name] = true
-	}
 	for _, r := range decision.Retire {
-		if terminate[r.Name] {
-			continue
-		}
-		if _, err := f.retire(ctx, byName[r.Name], r.Reason); err != nil {
+		if err := f.retire(ctx, byName[r.Name], r.Reason); err != nil {
 			return err
 		}
 	}
-	for _, name := range decision.Terminate {
-		reason := byName[name].Spec.Instance.Retire
-		for _, r := range decision.Retire {
-			if r.Name == name {
-				reason = r.Reason
-			}
-		}
-		if reason == "" {
-			reason = "it served its task"
-		}
+	for _, r := range decision.Terminate {
+		rec := byName[r.Name]
+		reason := cmp.Or(r.Reason, rec.Spec.Instance.Retire, "it served its task")
 		// The decision was taken on a snapshot: close the VM first, then terminate it only if
 		// no task took it meanwhile (a retired VM goes on a later pass, once free).
-		f.Ledger.RetireHost(name)
-		if occ := f.Ledger.HostOccupancy(name); occ.Used > 0 {
-			if _, err := f.retire(ctx, byName[name], reason); err != nil {
+		f.Ledger.RetireHost(rec.Name)
+		if f.Ledger.HostOccupancy(rec.Name).Used > 0 {
+			if err := f.retire(ctx, rec, reason); err != nil {
 				return err
 			}
 			continue
 		}
-		if _, err := f.startTerminating(ctx, byName[name], reason); err != nil {
-			return err
+		if _, err := f.startTerminating(ctx, rec, reason); err != nil {
+			return client.IgnoreNotFound(err)
 		}
 	}
 	for range decision.Launch {
@@ -220,19 +203,21 @@ func (f *Fleet) snapshot(rec *berthv1.BuildHost) fleet.VM {
 	return vm
 }
 
-// retire stops a VM taking new tasks (it is terminated by a later pass once free).
-func (f *Fleet) retire(ctx context.Context, rec *berthv1.BuildHost, reason string) (bool, error) {
+// retire stops a VM taking new tasks, in its record and in the ledger (a later pass terminates
+// it once free).
+func (f *Fleet) retire(ctx context.Context, rec *berthv1.BuildHost, reason string) error {
 	if rec.Spec.Instance.Retire != "" {
-		return false, nil
+		return nil
 	}
 	next := rec.DeepCopy()
 	next.Spec.Instance.Retire = reason
 	if err := f.Client.Update(ctx, next); err != nil {
-		return false, client.IgnoreNotFound(err)
+		return client.IgnoreNotFound(err)
 	}
 	f.Ledger.RetireHost(rec.Name)
 	f.event(next, corev1.EventTypeNormal, "Retired", "takes no new tasks: %s", reason)
-	return true, nil
+	f.Kick()
+	return nil
 }
 
 // record writes the intent to launch one VM of the platform; the VM loop launches it.
@@ -242,7 +227,7 @@ func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
 		f.noteTrouble(string(d.Platform), err)
 		return nil
 	}
-	label := platformLabel(string(d.Platform))
+	label := d.Platform.Label()
 	rec := &berthv1.BuildHost{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: "vm-" + strings.ToLower(label) + "-", Namespace: f.Namespace,
@@ -255,19 +240,4 @@ func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
 		Status: berthv1.BuildHostStatus{Platform: string(d.Platform), Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching}},
 	}
 	return f.Client.Create(ctx, rec)
-}
-
-// retireGone retires a VM whose platform left the config, and terminates it once no task
-// holds it.
-func (f *Fleet) retireGone(ctx context.Context, rec *berthv1.BuildHost) error {
-	const why = "its platform is no longer a dynamic platform in the host configuration"
-	if retired, err := f.retire(ctx, rec, why); err != nil || retired {
-		return err // terminated by the next pass, from the record as written now
-	}
-	vm := f.snapshot(rec)
-	if vm.Phase == fleet.Terminating || vm.Used > 0 {
-		return nil
-	}
-	_, err := f.startTerminating(ctx, rec, why)
-	return client.IgnoreNotFound(err)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -111,9 +110,7 @@ func (f *Fleet) tags(installation, platform, record string) map[string]string {
 		}
 	}
 	tags[TagInstallation] = installation
-	tags[TagPlatform] = platformLabel(platform)
+	tags[TagPlatform] = config.Platform(platform).Label()
 	tags[TagRecord] = record
 	return tags
 }
-
-func platformLabel(p string) string { return strings.ReplaceAll(p, "/", "-") }

@@ -46,7 +46,7 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 		if err != nil {
 			continue // reported by the planner
 		}
-		found, err := provider.List(ctx, map[string]string{TagInstallation: installation, TagPlatform: platformLabel(platform)})
+		found, err := provider.List(ctx, map[string]string{TagInstallation: installation, TagPlatform: p.Label()})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("listing the instances of platform %s: %w", platform, err))
 			continue

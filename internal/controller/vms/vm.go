@@ -96,13 +96,8 @@ func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.R
 func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
 	in := rec.Spec.Instance
 	f.noteTrouble(in.Platform, cause)
-	kind := cloud.KindOf(cause)
-	timeout := config.Platform(in.Platform)
-	limit := 10 * time.Minute
-	if d := f.dynamic(timeout); d != nil {
-		limit = d.AllocationTimeout
-	}
-	if kind.Permanent() || f.now().Sub(rec.CreationTimestamp.Time) > limit {
+	_, limit, _ := f.timing(in.Platform)
+	if cloud.KindOf(cause).Permanent() || f.now().Sub(rec.CreationTimestamp.Time) > limit {
 		f.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s: %v", in.Platform, cause)
 		// A transient failure may still have made an instance under the token: the sweeper
 		// terminates it once it finds no record for it.
@@ -131,12 +126,7 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 	if in.Retire != "" {
 		return f.startTerminating(ctx, rec, in.Retire)
 	}
-	d := f.dynamic(config.Platform(in.Platform))
-	interval, limit := time.Duration(config.DefaultCheckInterval)*time.Second, time.Duration(config.DefaultAllocationTimeout)*time.Second
-	hostKey := ""
-	if d != nil {
-		interval, limit, hostKey = d.CheckInterval, d.AllocationTimeout, d.HostKey
-	}
+	interval, limit, hostKey := f.timing(in.Platform)
 	p, err := f.provider(in.Platform)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: interval}, err
@@ -202,11 +192,7 @@ func (f *Fleet) relaunch(ctx context.Context, rec *berthv1.BuildHost, why string
 func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in := rec.Spec.Instance
 	f.open(rec)
-	d := f.dynamic(config.Platform(in.Platform))
-	interval := time.Duration(config.DefaultCheckInterval) * time.Second
-	if d != nil {
-		interval = d.CheckInterval
-	}
+	interval, _, _ := f.timing(in.Platform)
 	p, err := f.provider(in.Platform)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: interval}, nil
@@ -245,8 +231,15 @@ func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcil
 			err = p.Terminate(ctx, st.ID)
 		}
 		if err != nil && cloud.KindOf(err) != cloud.NotFound {
-			f.warn(rec, "TerminateFailed", "terminating instance %s failed: %v; retrying", st.ID, err)
-			return reconcile.Result{RequeueAfter: backoff(st.Failures+1, cloud.RetryAfterOf(err))}, nil
+			next := rec.DeepCopy()
+			next.Status.Instance.Failures++
+			next.Status.Instance.Message = err.Error()
+			if uerr := f.Client.Update(ctx, next); uerr != nil {
+				return reconcile.Result{}, uerr
+			}
+			retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(err))
+			f.warn(next, "TerminateFailed", "terminating instance %s failed: %v; retrying in %s", st.ID, err, retry)
+			return reconcile.Result{RequeueAfter: retry}, nil
 		}
 		f.event(rec, corev1.EventTypeNormal, "Terminated", "instance %s terminated: %s", st.ID, in.Retire)
 		terminations.WithLabelValues(in.Platform).Inc()
@@ -264,7 +257,6 @@ func (f *Fleet) finishTermination(ctx context.Context, rec *berthv1.BuildHost) e
 	}
 	f.Ledger.RemoveHost(rec.Name)
 	f.dropLogin(rec.Name)
-	f.Kick()
 	return nil
 }
 
@@ -280,4 +272,13 @@ func (f *Fleet) deleteRecord(ctx context.Context, rec *berthv1.BuildHost) error 
 func (f *Fleet) stamp() *metav1.Time {
 	t := metav1.NewTime(f.now())
 	return &t
+}
+
+// timing is the platform's check interval, allocation timeout and configured host key; the
+// defaults for a platform no longer in the config, whose VMs are still walked to their end.
+func (f *Fleet) timing(platform string) (interval, timeout time.Duration, hostKey string) {
+	if d := f.dynamic(config.Platform(platform)); d != nil {
+		return d.CheckInterval, d.AllocationTimeout, d.HostKey
+	}
+	return time.Duration(config.DefaultCheckInterval) * time.Second, time.Duration(config.DefaultAllocationTimeout) * time.Second, ""
 }
