@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -144,5 +143,3 @@ func ctxFor(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-var _ = time.Second

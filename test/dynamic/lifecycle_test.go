@@ -13,6 +13,7 @@ import (
 	"github.com/berth-ci/berth/internal/cloud/localvm"
 	"github.com/berth-ci/berth/internal/controller/vms"
 	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -34,7 +35,7 @@ func TestMaxAgeCullsIdleNeverBusy(t *testing.T) {
 	if inst, _ := cloud().Instance(vmB.Status.Instance.ID); inst.State != vmcloud.Running {
 		t.Fatalf("the busy VM past max-age was terminated under its task: %+v", inst)
 	}
-	if rec := stacktest_record(t, b); rec.Status.Phase != berthv1.PhaseReady {
+	if rec := stacktest.Record(t, c(), b); rec.Status.Phase != berthv1.PhaseReady {
 		t.Fatalf("b lost its VM: %s", rec.Status.Phase)
 	}
 	finish(t, b)
@@ -142,7 +143,7 @@ func TestCloudFaults(t *testing.T) {
 			_ = c().Update(context.Background(), &s)
 		})
 		tr := task(t, ns, "refused", platform)
-		secret := stacktestSecret(t, tr)
+		secret := stacktest.SecretOf(t, c(), tr)
 		if msg := string(secret.Data["error"]); !strings.Contains(msg, "authentication failed") {
 			t.Fatalf("want an error secret naming the refused credentials, got %q", msg)
 		}

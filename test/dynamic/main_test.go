@@ -20,7 +20,6 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/vms"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/stacktest"
@@ -66,22 +65,7 @@ func useConfig(t *testing.T, platform string, d devstack.DynamicSettings) {
 	t.Helper()
 	data := stack.StaticHostConfig("linux/s390x", 1)
 	stack.AddDynamicPlatform(data, platform, d)
-	rv, err := stack.ApplyHostConfig(context.Background(), data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "config "+rv+" is in force", func() (bool, error) {
-		var events eventsv1.EventList
-		if err := c().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == "ConfigApplied" && strings.Contains(e.Note, "resourceVersion "+rv+":") {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	stacktest.ApplyConfig(t, stack, data)
 }
 
 func eventually(t *testing.T, what string, cond func() (bool, error)) {
@@ -89,18 +73,7 @@ func eventually(t *testing.T, what string, cond func() (bool, error)) {
 	stacktest.Eventually(t, what, cond)
 }
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	if err := stack.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, ns) })
-	return ns
-}
+func namespace(t *testing.T) string { return stacktest.Namespace(t, stack) }
 
 func task(t *testing.T, ns, name, platform string) *pipelinev1.TaskRun {
 	t.Helper()
@@ -214,18 +187,6 @@ func noDoubleLaunch(t *testing.T) {
 		}
 		seen[inst.Token] = inst.ID
 	}
-}
-
-var _ = controller.Options{}
-
-func stacktest_record(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
-	t.Helper()
-	return stacktest.Record(t, c(), tr)
-}
-
-func stacktestSecret(t *testing.T, tr *pipelinev1.TaskRun) *corev1.Secret {
-	t.Helper()
-	return stacktest.SecretOf(t, c(), tr)
 }
 
 func vmRecords(platform string) ([]berthv1.BuildHost, error) {

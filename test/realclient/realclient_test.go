@@ -19,7 +19,6 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -356,22 +355,7 @@ func newTaskRun(t *testing.T, platform string) *pipelinev1.TaskRun {
 // applyConfig puts in force one static host for remotePlatform and localPlatform as local.
 func applyConfig(t *testing.T) {
 	t.Helper()
-	rv, err := stack.ApplyHostConfig(context.Background(), stack.StaticHostConfig(remotePlatform, 2, localPlatform))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stacktest.Eventually(t, "config "+rv+" is in force", func() (bool, error) {
-		var events eventsv1.EventList
-		if err := admin().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == "ConfigApplied" && strings.Contains(e.Note, "resourceVersion "+rv+":") {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	stacktest.ApplyConfig(t, stack, stack.StaticHostConfig(remotePlatform, 2, localPlatform))
 }
 
 func finish(t *testing.T, tr *pipelinev1.TaskRun) {

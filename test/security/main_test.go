@@ -17,7 +17,6 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -193,22 +192,7 @@ func applyConfig(t *testing.T, concurrency int, extra map[string]string) {
 // rejected, keeping the last good one).
 func applyConfigData(t *testing.T, data map[string]string) {
 	t.Helper()
-	rv, err := stack.ApplyHostConfig(context.Background(), data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "config "+rv+" is taken", func() (bool, error) {
-		var events eventsv1.EventList
-		if err := admin().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if (e.Reason == "ConfigApplied" || e.Reason == "ConfigRejected") && strings.Contains(e.Note, "resourceVersion "+rv+":") {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	stacktest.ApplyConfig(t, stack, data, "ConfigApplied", "ConfigRejected")
 }
 
 // settled waits until berth owes nothing for the namespace: no finalizers or assigned hosts

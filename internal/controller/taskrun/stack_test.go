@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -56,36 +54,10 @@ func applyConfig(t *testing.T, concurrency int, extra map[string]string) {
 	for k, v := range extra {
 		data[k] = v
 	}
-	rv, err := stack.ApplyHostConfig(context.Background(), data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "config "+rv+" is in force", func() (bool, error) {
-		var events eventsv1.EventList
-		if err := c().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == "ConfigApplied" && strings.Contains(e.Note, "resourceVersion "+rv+":") {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	stacktest.ApplyConfig(t, stack, data)
 }
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	if err := stack.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, ns) })
-	return ns
-}
+func namespace(t *testing.T) string { return stacktest.Namespace(t, stack) }
 
 // userTaskRun is a TaskRun as buildah-remote makes them: PLATFORM and the secret volume.
 func userTaskRun(ns, name, platformParam, script string) *pipelinev1.TaskRun {

@@ -9,12 +9,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -218,4 +221,45 @@ func FinishAllOnFailure(t *testing.T, s *devstack.Stack, ns string) {
 			_ = s.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(tr), nil)
 		}
 	}
+}
+
+// ApplyConfig writes data as the host config and waits until the controller has judged that
+// very version: put it in force, or (where reasons include ConfigRejected) rejected it
+// keeping the last good one. Without reasons it waits for ConfigApplied.
+func ApplyConfig(t *testing.T, s *devstack.Stack, data map[string]string, reasons ...string) {
+	t.Helper()
+	if len(reasons) == 0 {
+		reasons = []string{"ConfigApplied"}
+	}
+	rv, err := s.ApplyHostConfig(context.Background(), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, "config "+rv+" is judged ("+strings.Join(reasons, " or ")+")", func() (bool, error) {
+		var events eventsv1.EventList
+		if err := s.ControlPlane.Client.List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if slices.Contains(reasons, e.Reason) && strings.Contains(e.Note, "resourceVersion "+rv+":") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// Namespace makes a namespace named after the test, and ends its TaskRuns if the test fails
+// (see FinishAllOnFailure).
+func Namespace(t *testing.T, s *devstack.Stack) string {
+	t.Helper()
+	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
+	if len(ns) > 50 {
+		ns = ns[:50]
+	}
+	if err := s.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { FinishAllOnFailure(t, s, ns) })
+	return ns
 }
