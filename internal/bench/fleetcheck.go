@@ -14,7 +14,7 @@ import (
 // that the judgement is tested apart from a run.
 
 // tagRecord is the tag berth puts on an instance naming the BuildHost record it was launched
-// for (vms.TagRecord; the bench knows the contract, not the controller's packages).
+// for (cloud.TagRecord; the bench knows the contract, not the controller's packages).
 const tagRecord = "berth.dev/record"
 
 // vmRecord is what the harness reads of a VM's BuildHost record.

@@ -6,6 +6,8 @@ package cloud
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -44,6 +46,26 @@ type LaunchRequest struct {
 	Name string
 	// Tags are put on the instance; List finds instances by them.
 	Tags map[string]string
+}
+
+// Tags berth puts on every instance it launches. The installation tag is what the sweeper
+// lists by: several clusters often share one cloud account and one instance-tag, and a tag
+// that only says "berth" would let one cluster's berth terminate another's VMs. List is
+// always asked for TagInstallation and TagPlatform together; a cloud whose instances carry
+// no tags keeps those two in the instance's name instead (see GroupKey).
+const (
+	TagInstallation = "berth.dev/installation"
+	TagPlatform     = "berth.dev/platform"
+	TagRecord       = "berth.dev/record"
+	// TagInstanceTag carries the config's instance-tag, for the cloud account's owners.
+	TagInstanceTag = "berth.dev/instance-tag"
+)
+
+// GroupKey is a short name-safe key (8 lowercase hex digits) of the installation and
+// platform in tags, for clouds that cannot tag instances and find them by name instead.
+func GroupKey(tags map[string]string) string {
+	sum := sha256.Sum256([]byte(tags[TagInstallation] + "\x00" + tags[TagPlatform]))
+	return hex.EncodeToString(sum[:4])
 }
 
 // Provider launches and ends VMs of one platform in one cloud account.

@@ -172,12 +172,12 @@ func TestSweeperTerminatesUntrackedInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	ours, err := provider.Launch(context.Background(), berthcloud.LaunchRequest{Token: "planted-1", Name: "planted",
-		Tags: map[string]string{vms.TagInstallation: cm.Data["id"], vms.TagPlatform: "linux-arm64"}})
+		Tags: map[string]string{berthcloud.TagInstallation: cm.Data["id"], berthcloud.TagPlatform: "linux-arm64"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	foreign, err := provider.Launch(context.Background(), berthcloud.LaunchRequest{Token: "foreign-1", Name: "foreign",
-		Tags: map[string]string{vms.TagInstallation: "another-cluster", vms.TagPlatform: "linux-arm64"}})
+		Tags: map[string]string{berthcloud.TagInstallation: "another-cluster", berthcloud.TagPlatform: "linux-arm64"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,17 +16,6 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 )
 
-// Tags berth puts on every instance it launches. The installation tag is what the sweeper
-// lists by: several clusters often share one cloud account and one instance-tag, and a tag
-// that only says "berth" would let one cluster's berth terminate another's VMs.
-const (
-	TagInstallation = "berth.dev/installation"
-	TagPlatform     = "berth.dev/platform"
-	TagRecord       = "berth.dev/record"
-	// TagInstanceTag carries the config's instance-tag, for the cloud account's owners.
-	TagInstanceTag = "berth.dev/instance-tag"
-)
-
 // InstallationConfigMap holds this installation's id, made once at berth's first start.
 const InstallationConfigMap = "berth-installation"
 
@@ -106,11 +95,11 @@ func (f *Fleet) tags(installation, platform, record string) map[string]string {
 			tag = d.InstanceTag
 		}
 		if tag != "" {
-			tags[TagInstanceTag] = tag
+			tags[cloud.TagInstanceTag] = tag
 		}
 	}
-	tags[TagInstallation] = installation
-	tags[TagPlatform] = config.Platform(platform).Label()
-	tags[TagRecord] = record
+	tags[cloud.TagInstallation] = installation
+	tags[cloud.TagPlatform] = config.Platform(platform).Label()
+	tags[cloud.TagRecord] = record
 	return tags
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-ci/berth/internal/cloud"
 )
 
 // Sweep terminates instances that carry this installation's tag and that no record accounts
@@ -46,7 +48,7 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 		if err != nil {
 			continue // reported by the planner
 		}
-		found, err := provider.List(ctx, map[string]string{TagInstallation: installation, TagPlatform: p.Label()})
+		found, err := provider.List(ctx, map[string]string{cloud.TagInstallation: installation, cloud.TagPlatform: p.Label()})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("listing the instances of platform %s: %w", platform, err))
 			continue
@@ -68,7 +70,7 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 }
 
 func recordTag(tags map[string]string) string {
-	if r := tags[TagRecord]; r != "" {
+	if r := tags[cloud.TagRecord]; r != "" {
 		return strings.TrimSpace(r)
 	}
 	return "unknown"

@@ -195,9 +195,8 @@ func (c *Cloud) serveList(w http.ResponseWriter, r *http.Request) {
 
 func (c *Cloud) serveTerminate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	// A host that stops badly is the cloud's trouble (end logs it); the instance is gone.
-	inst, ok, _ := c.end(id, "terminated", false)
-	if !ok {
+	inst, err := c.Terminate(id)
+	if err != nil {
 		writeError(w, errorf(http.StatusNotFound, codeNotFound, "no instance %s (or it is gone already)", id))
 		return
 	}

@@ -85,6 +85,10 @@ type Options struct {
 	Addr string
 	// Logf, if set, hears about launches, boots and terminations (never the API key).
 	Logf func(format string, args ...any)
+	// Hostless VMs have no SSH host: a boot gives them an address in 198.19.0.0/16 that
+	// nothing answers at. For tests of cloud API stand-ins that never log in to a VM; they
+	// then need neither root nor sshd.
+	Hostless bool
 }
 
 // Cloud is a running local VM cloud.
@@ -115,6 +119,8 @@ type Cloud struct {
 	throttleAfter time.Duration
 	// booting and peakBooting count hosts starting at once (tests check boots overlap).
 	booting, peakBooting int
+	// hostless counts the addresses given to hostless VMs.
+	hostless int
 	// changed is closed and replaced on every change of any instance, for waiters.
 	changed chan struct{}
 
@@ -133,11 +139,11 @@ type vm struct {
 
 // New starts a cloud serving its API; Close stops it and every VM.
 func New(opts Options) (*Cloud, error) {
-	if opts.Admin == nil {
-		return nil, errors.New("vmcloud: Options.Admin is required: the key VMs accept for root")
-	}
 	if opts.APIKey == "" {
 		return nil, errors.New("vmcloud: Options.APIKey is required")
+	}
+	if opts.Admin == nil && !opts.Hostless {
+		return nil, errors.New("vmcloud: Options.Admin is required: the key VMs accept for root")
 	}
 	addr := opts.Addr
 	if addr == "" {
@@ -168,7 +174,7 @@ func New(opts Options) (*Cloud, error) {
 // hosts it skips t, saying why, except in CI (CI=true), where that is a failure.
 func NewForTest(t testing.TB, opts Options) *Cloud {
 	t.Helper()
-	if err := sshhosts.Prerequisites(); err != nil {
+	if err := sshhosts.Prerequisites(); err != nil && !opts.Hostless {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
 		}
@@ -307,7 +313,7 @@ func (c *Cloud) boot(ctx context.Context, v *vm) {
 	c.peakBooting = max(c.peakBooting, c.booting)
 	c.notify()
 	c.mu.Unlock()
-	h, err := sshhosts.StartHost(ctx, c.opts.Admin)
+	h, err := c.startHost(ctx)
 	c.mu.Lock()
 	c.booting--
 	if v.State != Pending {
@@ -326,14 +332,27 @@ func (c *Cloud) boot(ctx context.Context, v *vm) {
 		c.logf("vmcloud: %s failed to boot: %v", v.ID, err)
 		return
 	}
-	v.host = h
 	v.State = Running
 	v.RunningAt = time.Now()
-	v.Address = h.Address
-	v.HostKey = h.HostKey
+	if h != nil {
+		v.host = h
+		v.Address = h.Address
+		v.HostKey = h.HostKey
+	} else {
+		c.hostless++
+		v.Address = fmt.Sprintf("198.19.%d.%d", c.hostless/250%250, 2+c.hostless%250)
+	}
 	c.notify()
 	c.mu.Unlock()
-	c.logf("vmcloud: %s running at %s (%s)", v.ID, h.Address, h.Name)
+	c.logf("vmcloud: %s running at %s", v.ID, v.Address)
+}
+
+// startHost starts a VM's SSH host; none for a hostless cloud.
+func (c *Cloud) startHost(ctx context.Context) (*sshhosts.Host, error) {
+	if c.opts.Hostless {
+		return nil, nil
+	}
+	return sshhosts.StartHost(ctx, c.opts.Admin)
 }
 
 // end takes an instance down for good: terminated (DELETE) or vanished. It returns once its

@@ -8,6 +8,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -451,5 +452,48 @@ func TestCloseStopsRunningAndBootingVMs(t *testing.T) {
 		if inst.State != Gone {
 			t.Errorf("%s is %s after Close", inst.ID, inst.State)
 		}
+	}
+}
+
+// The Go face that the stand-ins of real clouds' APIs use, on a hostless cloud (no root or
+// sshd needed).
+func TestGoFaceHostless(t *testing.T) {
+	c := NewForTest(t, Options{APIKey: "k", Hostless: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	inst, created, err := c.Launch("t1", "one", map[string]string{"a": "b"})
+	if err != nil || !created {
+		t.Fatalf("first launch: created=%v err=%v", created, err)
+	}
+	again, created, err := c.Launch("t1", "one", nil)
+	if err != nil || created || again.ID != inst.ID {
+		t.Fatalf("repeated launch: id %s (first %s) created=%v err=%v", again.ID, inst.ID, created, err)
+	}
+	up, err := c.WaitFor(ctx, inst.ID, Running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(up.Address, "198.19.") || c.Host(inst.ID) != nil {
+		t.Fatalf("hostless VM runs at %q with host %v; want a 198.19 address and no host", up.Address, c.Host(inst.ID))
+	}
+	c.SetQuota(1)
+	if _, _, err := c.Launch("t2", "two", nil); !errors.Is(err, ErrQuota) {
+		t.Fatalf("launch over quota: %v, want ErrQuota", err)
+	}
+	c.SetQuota(0)
+	c.FailLaunches(1)
+	if _, _, err := c.Launch("t3", "three", nil); !errors.Is(err, ErrCapacity) {
+		t.Fatalf("launch with no capacity: %v, want ErrCapacity", err)
+	}
+	gone, err := c.Terminate(inst.ID)
+	if err != nil || gone.State != Gone {
+		t.Fatalf("terminate: %+v %v", gone, err)
+	}
+	if _, err := c.Terminate(inst.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second terminate: %v, want ErrNotFound", err)
+	}
+	if n := c.LaunchCount(); n != 1 {
+		t.Fatalf("%d instances created, want 1", n)
 	}
 }
