@@ -24,6 +24,10 @@ type InstanceSpec struct {
 	Platform string `json:"platform"`
 	// Provider is the platform's provider type when the VM was launched (aws, local-vm, ...).
 	Provider string `json:"provider"`
+	// Settings are the provider's settings the VM was launched with (region, ami, the names
+	// of Secrets; never their contents). berth reaches the VM through them for its whole life,
+	// so a config change (another region, account or cloud) cannot lose a running VM.
+	Settings map[string]string `json:"settings,omitempty"`
 	// AdminUser and AdminSecret are how berth logs in to the VM (the provider's user and the
 	// platform's ssh-secret), copied at launch so that cleanup works whatever the config says
 	// later.

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
@@ -97,6 +98,11 @@ func TestValidateLiveConfigChecksSecrets(t *testing.T) {
 		Data: map[string]string{
 			"host.a.address": "198.18.1.2", "host.a.user": "root", "host.a.platform": "linux/s390x",
 			"host.a.secret": "a-admin", "host.a.concurrency": "2",
+			"dynamic-platforms":        "linux/arm64",
+			"dynamic.linux-arm64.type": "aws", "dynamic.linux-arm64.region": "us-east-1",
+			"dynamic.linux-arm64.ami": "ami-0123456789abcdef0", "dynamic.linux-arm64.instance-type": "m6g.large",
+			"dynamic.linux-arm64.key-name": "berth", "dynamic.linux-arm64.aws-secret": "aws-account",
+			"dynamic.linux-arm64.ssh-secret": "arm-ssh", "dynamic.linux-arm64.max-instances": "4",
 		},
 	}
 	if err := cp.Client.Create(ctx, cm); err != nil {
@@ -107,17 +113,42 @@ func TestValidateLiveConfigChecksSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", ns)
-	if err != nil || !strings.Contains(out, "warning: host.a.secret: secret live-validate/a-admin does not exist; create it with key(s) id_rsa") {
-		t.Fatalf("err=%v\n%s", err, out)
+	for _, want := range []string{
+		"warning: host.a.secret: secret live-validate/a-admin does not exist; create it with key(s) id_rsa",
+		"warning: dynamic.linux-arm64.ssh-secret: secret live-validate/arm-ssh does not exist; create it with key(s) id_rsa",
+		// The cloud platform's credentials, named with the Secret and its keys.
+		"warning: dynamic.linux-arm64.aws-secret: secret live-validate/aws-account does not exist; create it with key(s) access-key-id, secret-access-key",
+	} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("want %q\nerr=%v\n%s", want, err, out)
+		}
 	}
 
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "a-admin", Namespace: ns}, Data: map[string][]byte{"id_rsa": []byte("k")}}
-	if err := cp.Client.Create(ctx, secret); err != nil {
+	for name, data := range map[string]map[string][]byte{
+		"a-admin": {"id_rsa": []byte("k")}, "arm-ssh": {"id_rsa": []byte("k")},
+		"aws-account": {"access-key-id": []byte("AKIAEXAMPLE")},
+	} {
+		if err := cp.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", ns)
+	if err != nil || !strings.Contains(out, "warning: dynamic.linux-arm64.aws-secret: secret live-validate/aws-account has no key secret-access-key") ||
+		strings.Contains(out, "does not exist") {
+		t.Fatalf("with a credentials key missing: err=%v\n%s", err, out)
+	}
+
+	creds := &corev1.Secret{}
+	if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "aws-account"}, creds); err != nil {
+		t.Fatal(err)
+	}
+	creds.Data["secret-access-key"] = []byte("not-a-real-key")
+	if err := cp.Client.Update(ctx, creds); err != nil {
 		t.Fatal(err)
 	}
 	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", ns)
-	if err != nil || !strings.Contains(out, "configmap live-validate/hosts: valid, every platform usable (1)\n") {
-		t.Fatalf("with the secret present: err=%v\n%s", err, out)
+	if err != nil || !strings.Contains(out, "configmap live-validate/hosts: valid, every platform usable (2)\n") || strings.Contains(out, "not-a-real-key") {
+		t.Fatalf("with every secret present: err=%v\n%s", err, out)
 	}
 
 	out, err = berth(t, "config", "validate", "--kubeconfig", kubeconfig, "-n", "empty-namespace")

@@ -30,7 +30,10 @@ type VM struct {
 	Retired bool
 	// SingleUse VMs serve one task; once Used they are retired by the reservation itself.
 	SingleUse bool
-	ReadyAt   time.Time
+	// Outdated VMs were launched with settings the platform no longer has (another image,
+	// type or region): they take no new task, like VMs past max-age.
+	Outdated bool
+	ReadyAt  time.Time
 }
 
 // Platform is what the config and the queue say about the platform.
@@ -92,6 +95,8 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 			end(vm, "its platform is no longer a dynamic platform in the host configuration")
 		case vm.Phase == Ready && p.MaxAge > 0 && now.Sub(vm.ReadyAt) > p.MaxAge:
 			end(vm, "older than max-age ("+p.MaxAge.String()+")")
+		case vm.Phase == Ready && vm.Outdated:
+			end(vm, "launched with settings the platform no longer has")
 		case vm.Phase == Ready:
 			free += max(0, vm.Slots-vm.Used)
 			if vm.Used == 0 {

@@ -61,10 +61,12 @@ type Fleet struct {
 
 	kick chan struct{}
 
-	mu           sync.Mutex
-	logins       map[string]berthv1.HostLogin // ready VMs by record name
-	trouble      map[string]trouble           // platform → last launch failure
-	providers    map[string]providerEntry     // platform → provider built from its settings
+	mu        sync.Mutex
+	logins    map[string]berthv1.HostLogin // ready VMs by record name
+	trouble   map[string]trouble           // platform → last launch failure
+	providers map[string]providerEntry     // platform → provider built from its settings
+	// launchedWith holds providers of VMs launched with settings the platform no longer has.
+	launchedWith map[string]cloud.Provider
 	installation string
 }
 

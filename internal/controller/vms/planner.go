@@ -141,7 +141,9 @@ func (f *Fleet) plan(ctx context.Context, platform string, p fleet.Platform, rec
 	byName := map[string]*berthv1.BuildHost{}
 	for _, rec := range recs {
 		byName[rec.Name] = rec
-		vms = append(vms, f.snapshot(rec))
+		vm := f.snapshot(rec)
+		vm.Outdated = d != nil && outdated(rec.Spec.Instance, d)
+		vms = append(vms, vm)
 	}
 	decision := fleet.Plan(p, vms, f.now())
 	vmCount.WithLabelValues(platform).Set(float64(len(recs)))
@@ -172,6 +174,12 @@ func (f *Fleet) plan(ctx context.Context, platform string, p fleet.Platform, rec
 		}
 	}
 	return nil
+}
+
+// outdated: the VM was launched with other provider settings than the platform has now.
+// Records written before berth kept the settings are taken as current.
+func outdated(in *berthv1.InstanceSpec, d *config.DynamicPlatform) bool {
+	return in.Settings != nil && (in.Provider != d.Type || !maps.Equal(in.Settings, d.Settings))
 }
 
 // snapshot is how the planner sees a VM: its record's phase and the ledger's occupancy.
@@ -234,7 +242,8 @@ func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "berth", LabelVM: label},
 		},
 		Spec: berthv1.BuildHostSpec{Instance: &berthv1.InstanceSpec{
-			Platform: string(d.Platform), Provider: d.Type, Slots: d.SlotsPerVM(), Pooled: d.Pool != nil, Attempt: 1,
+			Platform: string(d.Platform), Provider: d.Type, Settings: maps.Clone(d.Settings),
+			Slots: d.SlotsPerVM(), Pooled: d.Pool != nil, Attempt: 1,
 			AdminUser: p.AdminUser(), AdminSecret: d.SSHSecret,
 		}},
 		Status: berthv1.BuildHostStatus{Platform: string(d.Platform), Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching}},

@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 )
@@ -48,6 +51,44 @@ func (f *Fleet) provider(platform string) (cloud.Provider, error) {
 	}
 	f.providers[platform] = providerEntry{typ: d.Type, settings: maps.Clone(d.Settings), provider: p}
 	return p, nil
+}
+
+// providerOf returns the provider a VM was launched through, built from the settings kept in
+// its record: a VM launched before a change of region, account or cloud is still reached
+// where it runs. Records without settings use the platform's provider.
+func (f *Fleet) providerOf(rec *berthv1.BuildHost) (cloud.Provider, error) {
+	in := rec.Spec.Instance
+	if in.Settings == nil {
+		return f.provider(in.Platform)
+	}
+	if d := f.dynamic(config.Platform(in.Platform)); d != nil && !outdated(in, d) {
+		return f.provider(in.Platform)
+	}
+	key := launchedKey(in)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p, ok := f.launchedWith[key]; ok {
+		return p, nil
+	}
+	p, err := cloud.New(in.Provider, cloud.Settings{Platform: in.Platform, Values: maps.Clone(in.Settings), Secret: f.Secret})
+	if err != nil {
+		return nil, fmt.Errorf("platform %s, as VM %s was launched: %w", in.Platform, rec.Name, err)
+	}
+	if f.launchedWith == nil {
+		f.launchedWith = map[string]cloud.Provider{}
+	}
+	f.launchedWith[key] = p
+	return p, nil
+}
+
+// launchedKey identifies a provider type and settings.
+func launchedKey(in *berthv1.InstanceSpec) string {
+	var b strings.Builder
+	b.WriteString(in.Provider)
+	for _, k := range slices.Sorted(maps.Keys(in.Settings)) {
+		fmt.Fprintf(&b, "\x00%s=%s", k, in.Settings[k])
+	}
+	return b.String()
 }
 
 // installationID reads this installation's id, or makes it at the first start.

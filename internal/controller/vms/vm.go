@@ -64,7 +64,7 @@ func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.R
 	if rec.Spec.Instance.Retire != "" {
 		return f.startTerminating(ctx, rec, rec.Spec.Instance.Retire)
 	}
-	p, err := f.provider(in.Platform)
+	p, err := f.providerOf(rec)
 	if err != nil {
 		return f.launchFailed(ctx, rec, err)
 	}
@@ -127,7 +127,7 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 		return f.startTerminating(ctx, rec, in.Retire)
 	}
 	interval, limit, hostKey := f.timing(in.Platform)
-	p, err := f.provider(in.Platform)
+	p, err := f.providerOf(rec)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: interval}, err
 	}
@@ -193,7 +193,7 @@ func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	in := rec.Spec.Instance
 	f.open(rec)
 	interval, _, _ := f.timing(in.Platform)
-	p, err := f.provider(in.Platform)
+	p, err := f.providerOf(rec)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: interval}, nil
 	}
@@ -226,7 +226,7 @@ func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcil
 	in, st := rec.Spec.Instance, rec.Status.Instance
 	f.Ledger.RetireHost(rec.Name)
 	if st.ID != "" {
-		p, err := f.provider(in.Platform)
+		p, err := f.providerOf(rec)
 		if err == nil {
 			err = p.Terminate(ctx, st.ID)
 		}
