@@ -117,6 +117,8 @@ var providerKeys = map[string]map[string]field{
 		"memory":    {kind: kindInt},
 		"disk":      {kind: kindInt},
 		"user-data": {kind: kindString},
+		// berth's own: IAM for a private or test endpoint.
+		"iam-url": {kind: kindString, help: "IBM Cloud IAM's URL, where berth trades the API key for a token at /identity/token; https://iam.cloud.ibm.com when unset"},
 	},
 	// berth's own cloud for development and tests (the dev stack and bench run it): VMs that
 	// are real SSH hosts of the test ground, reached over HTTP.

@@ -342,9 +342,10 @@ func (c *Cloud) boot(ctx context.Context, v *vm) {
 		c.hostless++
 		v.Address = fmt.Sprintf("198.19.%d.%d", c.hostless/250%250, 2+c.hostless%250)
 	}
+	addr := v.Address // read under mu: a Terminate right after the unlock clears it
 	c.notify()
 	c.mu.Unlock()
-	c.logf("vmcloud: %s running at %s", v.ID, v.Address)
+	c.logf("vmcloud: %s running at %s", v.ID, addr)
 }
 
 // startHost starts a VM's SSH host; none for a hostless cloud.
