@@ -386,6 +386,9 @@ func (p *Provider) remove(ctx context.Context, svc *vpcv1.VpcV1, op string, inst
 // network is what a launch needs resolved from the config's names.
 type network struct {
 	vpcID, subnetID, keyID, zone string
+	// resourceGroupID is the VPC's group: instances go where the VPC is, as upstream put them,
+	// so that IAM policies scoped to that group cover them.
+	resourceGroupID string
 }
 
 // resolve finds the VPC, the subnet and the SSH key the config names (by name, as real
@@ -396,6 +399,9 @@ func (p *Provider) resolve(ctx context.Context, svc *vpcv1.VpcV1, op string) (ne
 		return network{}, err
 	}
 	n := network{vpcID: deref(vpc.ID)}
+	if vpc.ResourceGroup != nil {
+		n.resourceGroupID = deref(vpc.ResourceGroup.ID)
+	}
 	var zone string
 	err = eachPage(func(start *string) (*string, error) {
 		page, resp, err := svc.ListSubnetsWithContext(ctx, &vpcv1.ListSubnetsOptions{VPCID: vpc.ID, Start: start})
@@ -487,28 +493,30 @@ func (p *Provider) findByName(ctx context.Context, svc *vpcv1.VpcV1, op, vpcID, 
 func (p *Provider) create(ctx context.Context, svc *vpcv1.VpcV1, n network, name string) (*vpcv1.Instance, error) {
 	const op = "launch"
 	deleteVolume := true
-	created, resp, err := svc.CreateInstanceWithContext(ctx, &vpcv1.CreateInstanceOptions{
-		InstancePrototype: &vpcv1.InstancePrototypeInstanceByImage{
-			Name:    &name,
-			Zone:    &vpcv1.ZoneIdentityByName{Name: &n.zone},
-			VPC:     &vpcv1.VPCIdentityByID{ID: &n.vpcID},
-			Profile: &vpcv1.InstanceProfileIdentityByName{Name: &p.profile},
-			Image:   &vpcv1.ImageIdentityByID{ID: &p.image},
-			Keys:    []vpcv1.KeyIdentityIntf{&vpcv1.KeyIdentityByID{ID: &n.keyID}},
-			PrimaryNetworkInterface: &vpcv1.NetworkInterfacePrototype{
-				Name:   core.StringPtr("eth0"),
-				Subnet: &vpcv1.SubnetIdentityByID{ID: &n.subnetID},
-			},
-			BootVolumeAttachment: &vpcv1.VolumeAttachmentPrototypeInstanceByImageContext{
-				DeleteVolumeOnInstanceDelete: &deleteVolume,
-				Volume: &vpcv1.VolumePrototypeInstanceByImageContext{
-					Name:     core.StringPtr(name + "-boot"),
-					Capacity: &p.diskGB,
-					Profile:  &vpcv1.VolumeProfileIdentityByName{Name: core.StringPtr(bootVolumeProfile)},
-				},
+	proto := &vpcv1.InstancePrototypeInstanceByImage{
+		Name:    &name,
+		Zone:    &vpcv1.ZoneIdentityByName{Name: &n.zone},
+		VPC:     &vpcv1.VPCIdentityByID{ID: &n.vpcID},
+		Profile: &vpcv1.InstanceProfileIdentityByName{Name: &p.profile},
+		Image:   &vpcv1.ImageIdentityByID{ID: &p.image},
+		Keys:    []vpcv1.KeyIdentityIntf{&vpcv1.KeyIdentityByID{ID: &n.keyID}},
+		PrimaryNetworkInterface: &vpcv1.NetworkInterfacePrototype{
+			Name:   core.StringPtr("eth0"),
+			Subnet: &vpcv1.SubnetIdentityByID{ID: &n.subnetID},
+		},
+		BootVolumeAttachment: &vpcv1.VolumeAttachmentPrototypeInstanceByImageContext{
+			DeleteVolumeOnInstanceDelete: &deleteVolume,
+			Volume: &vpcv1.VolumePrototypeInstanceByImageContext{
+				Name:     core.StringPtr(name + "-boot"),
+				Capacity: &p.diskGB,
+				Profile:  &vpcv1.VolumeProfileIdentityByName{Name: core.StringPtr(bootVolumeProfile)},
 			},
 		},
-	})
+	}
+	if n.resourceGroupID != "" {
+		proto.ResourceGroup = &vpcv1.ResourceGroupIdentityByID{ID: &n.resourceGroupID}
+	}
+	created, resp, err := svc.CreateInstanceWithContext(ctx, &vpcv1.CreateInstanceOptions{InstancePrototype: proto})
 	if err != nil {
 		err = p.failure(op, resp, err)
 		if !nameTaken(resp) {

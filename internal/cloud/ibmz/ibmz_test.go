@@ -188,8 +188,8 @@ func TestLaunchIsIdempotentAndEveryKeyReachesTheWire(t *testing.T) {
 		Image: image, Subnet: "konflux-ext-prod-1", BootVolumeGB: 200, BootVolumeProfile: "general-purpose"}
 	if got.Name != want.Name || got.VPC != want.VPC || got.Zone != want.Zone || got.Profile != want.Profile || got.Image != want.Image ||
 		got.Subnet != want.Subnet || got.BootVolumeGB != want.BootVolumeGB || got.BootVolumeProfile != want.BootVolumeProfile ||
-		len(got.Keys) != 1 || got.Keys[0] != "konflux-s390x-root" {
-		t.Fatalf("the VPC got %+v, want %+v with key konflux-s390x-root", got, want)
+		len(got.Keys) != 1 || got.Keys[0] != "konflux-s390x-root" || got.ResourceGroup == "" {
+		t.Fatalf("the VPC got %+v, want %+v with key konflux-s390x-root in the VPC's resource group", got, want)
 	}
 	if !strings.HasSuffix(got.Name, "-"+token) {
 		t.Fatalf("name %s does not carry the token", got.Name)

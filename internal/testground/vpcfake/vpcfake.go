@@ -83,6 +83,8 @@ type Instance struct {
 	BootVolumeGB int64
 	// BootVolumeProfile is the boot volume's profile name.
 	BootVolumeProfile string
+	// ResourceGroup is the id of the resource group the create named ("": the account's default).
+	ResourceGroup string
 	// PrimaryIP is the network interface's address ("0.0.0.0" until the VM runs).
 	PrimaryIP string
 	CreatedAt time.Time
@@ -537,6 +539,7 @@ type instancePrototype struct {
 	Profile                 *identity  `json:"profile"`
 	Zone                    *identity  `json:"zone"`
 	VPC                     *identity  `json:"vpc"`
+	ResourceGroup           *identity  `json:"resource_group"`
 	Keys                    []identity `json:"keys"`
 	PrimaryNetworkInterface *struct {
 		Name   string    `json:"name"`
@@ -620,6 +623,8 @@ func (s *Server) validate(p instancePrototype) (*instance, *failure) {
 		return nil, fieldFail("validation_required_field", "primary_network_interface.subnet", "Missing a required field: primary_network_interface.subnet.")
 	case p.PrimaryNetworkInterface.Subnet.ID != s.subnet.ID:
 		return nil, fieldFail("bad_field", "primary_network_interface.subnet.id", "No subnet "+p.PrimaryNetworkInterface.Subnet.ID+".")
+	case p.ResourceGroup != nil && p.ResourceGroup.ID != resourceGroup["id"]:
+		return nil, fieldFail("bad_field", "resource_group.id", "No resource group "+p.ResourceGroup.ID+".")
 	case p.VPC != nil && p.VPC.ID != s.vpc.ID:
 		return nil, fieldFail("bad_field", "vpc.id", "The subnet is not in VPC "+p.VPC.ID+".")
 	case len(p.Keys) == 0:
@@ -645,6 +650,9 @@ func (s *Server) validate(p instancePrototype) (*instance, *failure) {
 		in.BootVolumeProfile = b.Volume.Profile.Name
 	}
 	in.VPC, in.Zone, in.Profile, in.Image, in.Subnet = s.vpc.Name, p.Zone.Name, p.Profile.Name, p.Image.ID, s.subnet.Name
+	if p.ResourceGroup != nil {
+		in.ResourceGroup = p.ResourceGroup.ID
+	}
 	return in, nil
 }
 
