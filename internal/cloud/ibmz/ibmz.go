@@ -560,12 +560,14 @@ func (p *Provider) ensureFloatingIP(ctx context.Context, svc *vpcv1.VpcV1, inst 
 		return deref(fips[0].Address), nil
 	}
 	for attempt := 0; ; attempt++ {
-		fip, resp, err := svc.CreateFloatingIPWithContext(ctx, &vpcv1.CreateFloatingIPOptions{
-			FloatingIPPrototype: &vpcv1.FloatingIPPrototypeFloatingIPByTarget{
-				Name:   inst.Name,
-				Target: &vpcv1.FloatingIPTargetPrototypeNetworkInterfaceIdentityNetworkInterfaceIdentityByID{ID: &nic},
-			},
-		})
+		proto := &vpcv1.FloatingIPPrototypeFloatingIPByTarget{
+			Name:   inst.Name,
+			Target: &vpcv1.FloatingIPTargetPrototypeNetworkInterfaceIdentityNetworkInterfaceIdentityByID{ID: &nic},
+		}
+		if inst.ResourceGroup != nil && inst.ResourceGroup.ID != nil {
+			proto.ResourceGroup = &vpcv1.ResourceGroupIdentityByID{ID: inst.ResourceGroup.ID}
+		}
+		fip, resp, err := svc.CreateFloatingIPWithContext(ctx, &vpcv1.CreateFloatingIPOptions{FloatingIPPrototype: proto})
 		if err == nil {
 			return deref(fip.Address), nil
 		}
