@@ -104,6 +104,9 @@ var providerKeys = map[string]map[string]field{
 		"url":        {kind: kindString},
 		"private-ip": {kind: kindBool},
 		"disk":       {kind: kindInt},
+		// berth's own: the IAM endpoint that turns the API key into tokens, for private
+		// endpoints and test clouds.
+		"iam-url": {kind: kindString, help: "the IBM Cloud IAM endpoint, like https://iam.cloud.ibm.com (the default)"},
 	},
 	"ibmp": {
 		"key":       {kind: kindString, required: true},

@@ -4,5 +4,6 @@ package controller
 // imported here, one line per provider.
 import (
 	_ "github.com/berth-ci/berth/internal/cloud/ibmp"
+	_ "github.com/berth-ci/berth/internal/cloud/ibmz"
 	_ "github.com/berth-ci/berth/internal/cloud/localvm"
 )
