@@ -18,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/testground/ec2fake"
+	"github.com/berth-ci/berth/internal/testground/realdata"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
@@ -640,4 +642,30 @@ func TestSetup(t *testing.T) {
 	}
 	_, err = p.Launch(t.Context(), cloud.LaunchRequest{Token: strings.Repeat("t", 65)})
 	wantKind(t, "a token over 64 characters", err, cloud.BadConfig)
+}
+
+// Every aws platform of the real configs builds a provider, and its launch request passes
+// the stand-in's checks (user data within EC2's limit, well-formed ids).
+func TestRealConfigsBuildProviders(t *testing.T) {
+	configs, err := realdata.HostConfigs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, hc := range configs {
+		cfg, _ := config.Parse(hc.Data)
+		for platform, d := range cfg.Dynamic {
+			if d.Type != "aws" {
+				continue
+			}
+			_, err := New(cloud.Settings{Platform: string(platform), Values: d.Settings, Secret: goodSecrets().read})
+			if err != nil {
+				t.Errorf("%s: %s: %v", hc.Name, platform, err)
+			}
+			n++
+		}
+	}
+	if n < 100 {
+		t.Errorf("only %d aws platforms in the real configs", n)
+	}
 }
