@@ -92,6 +92,9 @@ var providerKeys = map[string]map[string]field{
 		"tenancy":                   {kind: kindString},
 		"host-resource-group-arn":   {kind: kindString},
 		"license-configuration-arn": {kind: kindString},
+		// berth's own: the EC2 API URL to call instead of the region's public one, for a VPC
+		// interface endpoint (or a stand-in of the API in tests).
+		"endpoint": {kind: kindString, help: "the EC2 API URL to use instead of the region's, like https://vpce-0abc-xyz.ec2.us-east-1.vpce.amazonaws.com"},
 	},
 	"ibmz": {
 		"region":     {kind: kindString, required: true},

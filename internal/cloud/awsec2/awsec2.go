@@ -1,0 +1,314 @@
+// Package awsec2 is the provider for platforms of type aws: VMs in Amazon EC2, launched,
+// watched and terminated through the AWS SDK for Go v2 with the credentials in the Secret the
+// platform's aws-secret names.
+//
+// Addresses: berth reaches a VM at its public DNS name, else its public IP address, else its
+// private IP address (a controller inside the VPC), as the multi-platform controller does.
+// With strict-public-address: true the private address is never used: a running VM without a
+// public address yet has no address, and berth waits for one.
+package awsec2
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/berth-ci/berth/internal/cloud"
+)
+
+func init() { cloud.Register("aws", New) }
+
+const (
+	// adminUser is who the RHEL and Fedora AMIs let in with the launch key pair; upstream
+	// logs in as the same user on every AWS platform.
+	adminUser = "ec2-user"
+
+	callTimeout = 30 * time.Second
+	// maxAttempts is how often the SDK tries a call that failed with a 5xx, a network error
+	// or throttling before the failure reaches berth, whose own backoff takes over then.
+	maxAttempts = 5
+	// pageSize is how many instances one DescribeInstances page of List holds.
+	pageSize = 1000
+	// newInstanceGrace is how long EC2 may not know an instance it just launched: its API
+	// is eventually consistent, and a DescribeInstances right after RunInstances can answer
+	// InvalidInstanceID.NotFound.
+	newInstanceGrace = 5 * time.Minute
+)
+
+// Provider launches EC2 instances for one platform.
+type Provider struct {
+	platform string
+	settings launchSettings
+	client   *ec2.Client
+	creds    *aws.CredentialsCache
+	pageSize int32
+
+	mu sync.Mutex
+	// launched remembers when this provider launched the instances it launched lately, to
+	// tell "not known yet" from "gone" while EC2 catches up.
+	launched map[string]time.Time
+}
+
+// tuning is what tests change: the SDK's backoff between retries, and List's page size.
+type tuning struct {
+	backoff  retry.BackoffDelayer
+	pageSize int32
+}
+
+// New builds a provider from the platform's keys; an error of kind BadConfig names the key
+// that is missing or malformed.
+func New(s cloud.Settings) (cloud.Provider, error) { return newProvider(s, tuning{}) }
+
+func newProvider(s cloud.Settings, t tuning) (*Provider, error) {
+	settings, err := parseSettings(s.Platform, s.Values)
+	if err != nil {
+		return nil, err
+	}
+	if s.Secret == nil {
+		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: no way to read Secrets was given", s.Platform)
+	}
+	creds := aws.NewCredentialsCache(secretCredentials{name: settings.secret, read: s.Secret})
+	opts := ec2.Options{
+		Region:      settings.region,
+		Credentials: creds,
+		HTTPClient:  awshttp.NewBuildableClient().WithTimeout(callTimeout),
+		Retryer: retry.NewStandard(func(o *retry.StandardOptions) {
+			o.MaxAttempts = maxAttempts
+			// Retrying a launch the cloud has no room for at once only spends the retry
+			// budget; berth's backoff waits longer.
+			o.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(noRetryOfCapacity)}, o.Retryables...)
+			if t.backoff != nil {
+				o.Backoff = t.backoff
+			}
+		}),
+	}
+	if settings.endpoint != "" {
+		opts.BaseEndpoint = aws.String(settings.endpoint)
+	}
+	if t.pageSize == 0 {
+		t.pageSize = pageSize
+	}
+	return &Provider{
+		platform: s.Platform,
+		settings: settings,
+		client:   ec2.New(opts),
+		creds:    creds,
+		pageSize: t.pageSize,
+		launched: map[string]time.Time{},
+	}, nil
+}
+
+var _ cloud.Provider = (*Provider)(nil)
+
+// Launch runs one instance with the request's token as EC2's client token, so a repeat
+// returns the first instance, whatever became of it, and never starts a second.
+func (p *Provider) Launch(ctx context.Context, req cloud.LaunchRequest) (cloud.Instance, error) {
+	if req.Token == "" || len(req.Token) > 64 || !isPrintableASCII(req.Token) {
+		return cloud.Instance{}, cloud.Errorf(cloud.BadConfig, "launch", "launch token %q is not 1 to 64 printable ASCII characters, as EC2's client token must be", req.Token)
+	}
+	var out *ec2.RunInstancesOutput
+	err := p.call(ctx, func() (err error) {
+		out, err = p.client.RunInstances(ctx, p.settings.runInput(req))
+		return err
+	})
+	if code(err) == "IdempotentParameterMismatch" {
+		// The token launched before with other settings (the config changed between a crash
+		// and this retry): the instance it launched is the answer.
+		return p.byToken(ctx, req.Token)
+	}
+	if err != nil {
+		return cloud.Instance{}, p.failure("launch", err)
+	}
+	if len(out.Instances) != 1 {
+		return cloud.Instance{}, cloud.Errorf(cloud.Transient, "launch", "EC2 answered RunInstances with %d instances, not 1", len(out.Instances))
+	}
+	inst := p.toInstance(out.Instances[0])
+	p.remember(inst.ID)
+	return inst, nil
+}
+
+// byToken finds the instance a client token launched. When EC2 has forgotten it (terminated
+// long ago) the answer is a gone instance without an id: berth then launches anew under a
+// new token.
+func (p *Provider) byToken(ctx context.Context, token string) (cloud.Instance, error) {
+	insts, err := p.describe(ctx, &ec2.DescribeInstancesInput{
+		Filters: []types.Filter{{Name: aws.String("client-token"), Values: []string{token}}},
+	})
+	if err != nil {
+		return cloud.Instance{}, p.failure("launch", err)
+	}
+	if len(insts) == 0 {
+		return cloud.Instance{Token: token, State: cloud.StateGone}, nil
+	}
+	return insts[0], nil
+}
+
+func (p *Provider) Get(ctx context.Context, id string) (cloud.Instance, error) {
+	if id == "" {
+		return cloud.Instance{}, cloud.Errorf(cloud.NotFound, "get", "no instance id")
+	}
+	insts, err := p.describe(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	if err == nil && len(insts) == 0 {
+		err = cloud.Errorf(cloud.NotFound, "get", "EC2 does not know instance %s", id)
+	}
+	switch {
+	case err == nil:
+		return insts[0], nil
+	case p.isNotFound(err) && p.recent(id):
+		return cloud.Instance{ID: id, State: cloud.StatePending}, nil
+	}
+	return cloud.Instance{}, p.failure("get", err)
+}
+
+// List returns the pending and running instances that carry every tag.
+func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.Instance, error) {
+	in := &ec2.DescribeInstancesInput{
+		Filters:    []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"pending", "running"}}},
+		MaxResults: aws.Int32(p.pageSize),
+	}
+	for _, k := range sortedKeys(tags) {
+		in.Filters = append(in.Filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{tags[k]}})
+	}
+	insts, err := p.describe(ctx, in)
+	if err != nil {
+		return nil, p.failure("list", err)
+	}
+	out := slices.DeleteFunc(insts, func(i cloud.Instance) bool { return i.State == cloud.StateGone })
+	return out, nil
+}
+
+func (p *Provider) Terminate(ctx context.Context, id string) error {
+	if id == "" {
+		return nil
+	}
+	err := p.call(ctx, func() error {
+		_, err := p.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case p.isNotFound(err) && p.recent(id):
+		// Not known yet is not gone: EC2 will know it in a moment, and it must not run on.
+		return cloud.Errorf(cloud.Transient, "terminate", "EC2 does not know instance %s yet, a moment after its launch", id)
+	case p.isNotFound(err):
+		return nil // gone long ago, or never known: either way it runs no more
+	}
+	return p.failure("terminate", err)
+}
+
+func (p *Provider) AdminUser() string { return adminUser }
+
+// describe runs DescribeInstances through every page.
+func (p *Provider) describe(ctx context.Context, in *ec2.DescribeInstancesInput) ([]cloud.Instance, error) {
+	var out []cloud.Instance
+	pages := ec2.NewDescribeInstancesPaginator(p.client, in)
+	for pages.HasMorePages() {
+		var page *ec2.DescribeInstancesOutput
+		err := p.call(ctx, func() (err error) {
+			page, err = pages.NextPage(ctx)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range page.Reservations {
+			for _, inst := range r.Instances {
+				out = append(out, p.toInstance(inst))
+			}
+		}
+	}
+	return out, nil
+}
+
+// call makes one API call; when EC2 refuses the credentials, it drops the cached ones and
+// tries once more with the Secret as it is now, so a rotated key takes effect at once.
+func (p *Provider) call(ctx context.Context, do func() error) error {
+	err := do()
+	if isAuthCode(code(err)) {
+		p.creds.Invalidate()
+		err = do()
+	}
+	return err
+}
+
+func (p *Provider) toInstance(in types.Instance) cloud.Instance {
+	inst := cloud.Instance{
+		ID:    aws.ToString(in.InstanceId),
+		Token: aws.ToString(in.ClientToken),
+		State: cloud.StateGone,
+		Tags:  map[string]string{},
+	}
+	if in.LaunchTime != nil {
+		inst.LaunchedAt = *in.LaunchTime
+	}
+	for _, t := range in.Tags {
+		inst.Tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
+	}
+	if in.State != nil {
+		switch in.State.Name {
+		case types.InstanceStateNamePending:
+			inst.State = cloud.StatePending
+		case types.InstanceStateNameRunning:
+			inst.State = cloud.StateRunning
+			inst.Address = p.address(in)
+		}
+	}
+	return inst
+}
+
+// address is where berth reaches a running instance (see the package comment).
+func (p *Provider) address(in types.Instance) string {
+	for _, a := range []*string{in.PublicDnsName, in.PublicIpAddress} {
+		if aws.ToString(a) != "" {
+			return *a
+		}
+	}
+	if p.settings.strictPublicAddress {
+		return ""
+	}
+	return aws.ToString(in.PrivateIpAddress)
+}
+
+func (p *Provider) remember(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	maps.DeleteFunc(p.launched, func(_ string, at time.Time) bool { return now.Sub(at) > newInstanceGrace })
+	p.launched[id] = now
+}
+
+func (p *Provider) recent(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.launched[id]
+	return ok && time.Since(at) < newInstanceGrace
+}
+
+func (p *Provider) isNotFound(err error) bool {
+	var ce *cloud.Error
+	if errors.As(err, &ce) {
+		return ce.Kind == cloud.NotFound
+	}
+	return kindOfCode(code(err), 0) == cloud.NotFound
+}
+
+func isPrintableASCII(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
