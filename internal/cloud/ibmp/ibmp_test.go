@@ -48,7 +48,10 @@ func newRig(t *testing.T) *rig {
 	r.api = powerfake.NewForTest(t, powerfake.Options{
 		Machines: r.machines,
 		IAM:      r.iam,
-		Networks: []powerfake.Resource{{ID: "5a2b9c1e-0000-4000-8000-000000000001", Name: "berth-net"}},
+		Networks: []powerfake.Network{
+			{ID: "5a2b9c1e-0000-4000-8000-000000000001", Name: "berth-net"},
+			{ID: "5a2b9c1e-0000-4000-8000-000000000003", Name: "public-net", External: true},
+		},
 		Images:   []powerfake.Resource{{ID: "7d1e2f3a-0000-4000-8000-000000000002", Name: "rhel9-base"}},
 		Keys:     []string{"berth-key"},
 	})
