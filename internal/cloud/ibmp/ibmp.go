@@ -5,6 +5,8 @@
 // and which launch made it: "b" + cloud.GroupKey(tags) + "-" + the launch token, encoded (see
 // names.go). Launch lists the workspace and returns the instance of that name before it
 // creates one, which makes it idempotent on the token; List finds a group by the name prefix.
+// A platform with a disk size gets it by growing the instance's boot volume once it is up
+// (disk.go); the instance counts as running only then.
 package ibmp
 
 import (
@@ -87,6 +89,9 @@ type Provider struct {
 	// between calls otherwise.
 	sess    *ibmpisession.IBMPISession
 	sessKey [sha256.Size]byte
+	// sized holds the instances whose boot volume was seen at the disk size, so that a
+	// running instance costs no volume call per look.
+	sized map[string]bool
 }
 
 // workspace is what a Power VS workspace CRN says:
@@ -136,6 +141,7 @@ func New(s cloud.Settings) (cloud.Provider, error) {
 		memory:     defaultMemory,
 		backoff:    firstBackoff,
 		sleep:      sleepCtx,
+		sized:      map[string]bool{},
 	}
 	for _, k := range []string{"url", "crn", "network", "image", "key", "secret"} {
 		if v(k) == "" {
@@ -232,8 +238,8 @@ func (p *Provider) Launch(ctx context.Context, req cloud.LaunchRequest) (cloud.I
 		// The token's instance may exist already: made by a launch whose answer was lost, or
 		// before a crash that kept berth from saving its id.
 		var found *models.PVMInstanceReference
-		err := p.call(ctx, "launch", func(c *instance.IBMPIInstanceClient) error {
-			all, err := c.GetAll()
+		err := p.call(ctx, "launch", func(c api) error {
+			all, err := c.instances().GetAll()
 			if err == nil {
 				found = byName(all, name)
 			}
@@ -243,17 +249,17 @@ func (p *Provider) Launch(ctx context.Context, req cloud.LaunchRequest) (cloud.I
 			return cloud.Instance{}, err
 		}
 		if found != nil {
-			return p.observe(ctx, viewOfRef(found), req.Tags), nil
+			return p.observe(ctx, "launch", viewOfRef(found), req.Tags)
 		}
 		var made *models.PVMInstanceList
-		err = p.call(ctx, "launch", func(c *instance.IBMPIInstanceClient) error {
+		err = p.call(ctx, "launch", func(c api) error {
 			var err error
-			made, err = c.Create(p.createBody(name))
+			made, err = c.instances().Create(p.createBody(name))
 			return err
 		})
 		switch {
 		case err == nil && made != nil && len(*made) > 0 && (*made)[0] != nil:
-			return p.observe(ctx, viewOf((*made)[0]), req.Tags), nil
+			return p.observe(ctx, "launch", viewOf((*made)[0]), req.Tags)
 		case err == nil:
 			return cloud.Instance{}, cloud.Errorf(cloud.Transient, "launch", "workspace %s accepted %s but named no instance", p.ws.id, name)
 		case statusOf(err) == 409 && round+1 < launchRounds:
@@ -290,22 +296,25 @@ func (p *Provider) Get(ctx context.Context, id string) (cloud.Instance, error) {
 		return cloud.Instance{}, cloud.Errorf(cloud.NotFound, "get", "no instance id")
 	}
 	var got *models.PVMInstance
-	err := p.call(ctx, "get", func(c *instance.IBMPIInstanceClient) error {
+	err := p.call(ctx, "get", func(c api) error {
 		var err error
-		got, err = c.Get(id)
+		got, err = c.instances().Get(id)
 		return err
 	})
+	if cloud.KindOf(err) == cloud.NotFound {
+		p.forgetSized(id)
+	}
 	if err != nil {
 		return cloud.Instance{}, err
 	}
-	return p.observe(ctx, viewOf(got), nil), nil
+	return p.observe(ctx, "get", viewOf(got), nil)
 }
 
 func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.Instance, error) {
 	var all *models.PVMInstances
-	err := p.call(ctx, "list", func(c *instance.IBMPIInstanceClient) error {
+	err := p.call(ctx, "list", func(c api) error {
 		var err error
-		all, err = c.GetAll()
+		all, err = c.instances().GetAll()
 		return err
 	})
 	if err != nil {
@@ -317,7 +326,11 @@ func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.In
 		if ref == nil || ref.ServerName == nil || !strings.HasPrefix(*ref.ServerName, prefix) {
 			continue
 		}
-		if inst := p.observe(ctx, viewOfRef(ref), tags); inst.State != cloud.StateGone {
+		inst, err := p.observe(ctx, "list", viewOfRef(ref), tags)
+		if err != nil {
+			return nil, err
+		}
+		if inst.State != cloud.StateGone {
 			out = append(out, inst)
 		}
 	}
@@ -328,8 +341,9 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if id == "" {
 		return nil
 	}
-	err := p.call(ctx, "terminate", func(c *instance.IBMPIInstanceClient) error { return c.Delete(id) })
-	if cloud.KindOf(err) == cloud.NotFound {
+	err := p.call(ctx, "terminate", func(c api) error { return c.instances().Delete(id) })
+	if err == nil || cloud.KindOf(err) == cloud.NotFound {
+		p.forgetSized(id)
 		return nil // gone already, or never known: either way it runs no more
 	}
 	return err
@@ -338,18 +352,25 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 // observe turns what the API says of an instance into berth's view. An instance that failed
 // (ERROR) or was shut off is of no use to berth but still held and billed, and once berth
 // hears it is gone it forgets it: so the provider deletes it here, best effort, and the next
-// look finds it deleting or deleted.
-func (p *Provider) observe(ctx context.Context, v view, tags map[string]string) cloud.Instance {
+// look finds it deleting or deleted. An instance that is up is running only once its boot
+// volume has the platform's disk size; the error is that of the volume calls.
+func (p *Provider) observe(ctx context.Context, op string, v view, tags map[string]string) (cloud.Instance, error) {
 	inst := cloud.Instance{ID: v.id, Token: tokenOf(v.name), Address: p.address(v.networks), LaunchedAt: v.created}
 	if len(tags) > 0 {
 		inst.Tags = map[string]string{cloud.TagInstallation: tags[cloud.TagInstallation], cloud.TagPlatform: tags[cloud.TagPlatform]}
 	}
 	switch strings.ToUpper(v.status) {
 	case "ACTIVE":
-		// Running once it has an address berth can reach it at.
+		// Running once it has an address berth can reach it at, and the disk it was asked with.
 		inst.State = cloud.StatePending
 		if inst.Address != "" {
-			inst.State = cloud.StateRunning
+			sized, err := p.diskSized(ctx, op, v.id)
+			if err != nil {
+				return cloud.Instance{}, err
+			}
+			if sized {
+				inst.State = cloud.StateRunning
+			}
 		}
 	case "ERROR", "SHUTOFF":
 		inst.State = cloud.StateGone
@@ -357,6 +378,7 @@ func (p *Provider) observe(ctx context.Context, v view, tags map[string]string) 
 		_ = p.Terminate(ctx, v.id) // a failure here leaves it for the next look
 	case "DELETING", "DELETED":
 		inst.State = cloud.StateGone
+		p.forgetSized(v.id)
 	default:
 		// BUILD, and the passing states (REBOOT, RESIZE, MIGRATING, ...) of an instance that
 		// has not settled.
@@ -365,7 +387,7 @@ func (p *Provider) observe(ctx context.Context, v view, tags map[string]string) 
 	if inst.State != cloud.StateRunning {
 		inst.Address = ""
 	}
-	return inst
+	return inst, nil
 }
 
 // address is the instance's address on the first configured network: its external (public)
@@ -415,9 +437,24 @@ func byName(all *models.PVMInstances, name string) *models.PVMInstanceReference 
 	return nil
 }
 
-// call runs one API call with the workspace's client, retrying it inline while the failure
+// api gives one try of a call the workspace's clients, bound to the try's context.
+type api struct {
+	ctx  context.Context
+	sess *ibmpisession.IBMPISession
+	ws   string
+}
+
+func (a api) instances() *instance.IBMPIInstanceClient {
+	return instance.NewIBMPIInstanceClient(a.ctx, a.sess, a.ws)
+}
+
+func (a api) volumes() *instance.IBMPIVolumeClient {
+	return instance.NewIBMPIVolumeClient(a.ctx, a.sess, a.ws)
+}
+
+// call runs one API call with the workspace's clients, retrying it inline while the failure
 // is short-lived, and returns a *cloud.Error otherwise.
-func (p *Provider) call(ctx context.Context, op string, fn func(*instance.IBMPIInstanceClient) error) error {
+func (p *Provider) call(ctx context.Context, op string, fn func(api) error) error {
 	sess, err := p.session(ctx, op)
 	if err != nil {
 		return err
@@ -426,7 +463,7 @@ func (p *Provider) call(ctx context.Context, op string, fn func(*instance.IBMPII
 	for {
 		rec := &exchange{}
 		cctx, cancel := context.WithTimeout(withExchange(ctx, rec), callTimeout)
-		err := fn(instance.NewIBMPIInstanceClient(cctx, sess, p.ws.id))
+		err := fn(api{ctx: cctx, sess: sess, ws: p.ws.id})
 		cancel()
 		if err == nil {
 			return nil

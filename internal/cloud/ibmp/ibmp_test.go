@@ -48,9 +48,12 @@ func newRig(t *testing.T) *rig {
 	r.api = powerfake.NewForTest(t, powerfake.Options{
 		Machines: r.machines,
 		IAM:      r.iam,
-		Networks: []powerfake.Resource{{ID: "5a2b9c1e-0000-4000-8000-000000000001", Name: "berth-net"}},
-		Images:   []powerfake.Resource{{ID: "7d1e2f3a-0000-4000-8000-000000000002", Name: "rhel9-base"}},
-		Keys:     []string{"berth-key"},
+		Networks: []powerfake.Network{
+			{ID: "5a2b9c1e-0000-4000-8000-000000000001", Name: "berth-net"},
+			{ID: "5a2b9c1e-0000-4000-8000-000000000003", Name: "public-net", External: true},
+		},
+		Images: []powerfake.Resource{{ID: "7d1e2f3a-0000-4000-8000-000000000002", Name: "rhel9-base"}},
+		Keys:   []string{"berth-key"},
 	})
 	// Runs before the cloud closes (cleanups run last first).
 	t.Cleanup(r.nothingLeftRunning)
@@ -565,5 +568,233 @@ func TestNamesGiveTheTokenBack(t *testing.T) {
 	name := instanceName(tg, strings.Repeat("Some-Other-Token/", 10))
 	if len(name) > maxNameLen || tokenOf(name) != "" || instanceName(tg, "x") == instanceName(tg, "y") {
 		t.Errorf("hashed name %s", name)
+	}
+}
+
+// waitFor polls until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// workspaceInstance is the stand-in's view of instance id.
+func (r *rig) workspaceInstance(id string) powerfake.Instance {
+	r.t.Helper()
+	for _, inst := range r.api.Instances() {
+		if inst.ID == id {
+			return inst
+		}
+	}
+	r.t.Fatalf("the workspace has no instance %s", id)
+	return powerfake.Instance{}
+}
+
+func (r *rig) machineRunning(id string) bool {
+	m, ok := r.machines.Instance(r.workspaceInstance(id).VMID)
+	return ok && m.State == vmcloud.Running
+}
+
+func TestDiskIsGrownBeforeTheVMRuns(t *testing.T) {
+	r := newRig(t) // disk 200; the image's boot volume is 100 GB
+	p := r.provider()
+	ctx := context.Background()
+	// The resize stays under way until released.
+	r.api.HoldResizes(true)
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tags("inst-a", "linux/ppc64le")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the resize", func() bool {
+		got, err := p.Get(ctx, inst.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != cloud.StatePending || got.Address != "" {
+			t.Fatalf("before its disk is grown the VM is %s at %q, want pending without an address", got.State, got.Address)
+		}
+		return len(r.api.Resizes()) > 0
+	})
+	// Up, with a 100 GB disk being grown: still pending, for this provider and for one
+	// started after a crash, and neither asks for a second resize.
+	for _, prov := range []*Provider{p, r.provider()} {
+		got, err := prov.Get(ctx, inst.ID)
+		if err != nil || got.State != cloud.StatePending || got.Address != "" {
+			t.Fatalf("while the resize is under way: %+v, %v; want pending without an address", got, err)
+		}
+	}
+	r.api.HoldResizes(false)
+	running := waitRunning(t, p, inst.ID)
+	if running.Address == "" {
+		t.Errorf("running without an address: %+v", running)
+	}
+	ws := r.workspaceInstance(inst.ID)
+	resizes := r.api.Resizes()
+	if ws.BootSize != 200 || len(resizes) != 1 || resizes[0] != (powerfake.Resize{VolumeID: ws.BootVolumeID, InstanceID: inst.ID, From: 100, To: 200}) {
+		t.Fatalf("boot volume %v GB after resizes %+v; want one resize of %s from 100 to 200", ws.BootSize, resizes, ws.BootVolumeID)
+	}
+	// Later looks, and a restarted provider's, leave the grown volume alone.
+	if got, err := r.provider().Get(ctx, inst.ID); err != nil || got.State != cloud.StateRunning {
+		t.Fatalf("after a restart: %+v, %v", got, err)
+	}
+	if list, err := p.List(ctx, tags("inst-a", "linux/ppc64le")); err != nil || len(list) != 1 || list[0].State != cloud.StateRunning {
+		t.Fatalf("list: %+v, %v", list, err)
+	}
+	if n := len(r.api.Resizes()); n != 1 {
+		t.Errorf("%d resizes, want 1", n)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r.machines.LaunchCount() != 1 {
+		t.Errorf("%d machines launched, want 1", r.machines.LaunchCount())
+	}
+}
+
+func TestNoResizeUnlessTheDiskIsLarger(t *testing.T) {
+	for _, disk := range []string{"", "50", "100"} {
+		t.Run("disk="+disk, func(t *testing.T) {
+			r := newRig(t)
+			r.values["disk"] = disk
+			p := r.provider()
+			ctx := context.Background()
+			inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tags("inst-a", "linux/ppc64le")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitRunning(t, p, inst.ID)
+			if resizes := r.api.Resizes(); len(resizes) != 0 || r.workspaceInstance(inst.ID).BootSize != 100 {
+				t.Errorf("resizes %+v; want none, and the image's 100 GB", resizes)
+			}
+			if err := p.Terminate(ctx, inst.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestResizeFailuresAreRetried(t *testing.T) {
+	r := newRig(t)
+	p := r.provider()
+	ctx := context.Background()
+	tg := tags("inst-a", "linux/ppc64le")
+
+	// Two 500s are retried inline.
+	r.api.FailResizes(2)
+	retried, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, p, retried.ID)
+
+	// A resize that went through but whose answer was lost: the retry is refused as not
+	// growing the volume, and that is no failure.
+	lost, err := p.Launch(ctx, cloud.LaunchRequest{Token: "1f8c6a0e-1b2c-4d3e-9f00-123456789abc-0", Tags: tg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the instance to be up", func() bool { return r.machineRunning(lost.ID) })
+	r.api.LoseResizeAnswers(1)
+	if got, err := p.Get(ctx, lost.ID); err != nil || got.State != cloud.StatePending {
+		t.Fatalf("after a lost resize answer: %+v, %v; want pending", got, err)
+	}
+	waitRunning(t, p, lost.ID)
+
+	// A resize that keeps failing goes back to berth as transient, and the VM is not
+	// handed out; once the API recovers the disk is grown.
+	failing, err := p.Launch(ctx, cloud.LaunchRequest{Token: "2f8c6a0e-1b2c-4d3e-9f00-123456789abc-0", Tags: tg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the instance to be up", func() bool { return r.machineRunning(failing.ID) })
+	r.api.FailResizes(100)
+	_, err = p.Get(ctx, failing.ID)
+	wantKind(t, err, cloud.Transient)
+	r.api.FailResizes(0)
+	waitRunning(t, p, failing.ID)
+
+	for _, id := range []string{retried.ID, lost.ID, failing.ID} {
+		if size := r.workspaceInstance(id).BootSize; size != 200 {
+			t.Errorf("instance %s has a %v GB boot volume, want 200", id, size)
+		}
+		if err := p.Terminate(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(r.api.Resizes()); n != 3 {
+		t.Errorf("%d resizes, want one per instance: %+v", n, r.api.Resizes())
+	}
+	if r.machines.LaunchCount() != 3 {
+		t.Errorf("%d machines launched, want 3", r.machines.LaunchCount())
+	}
+}
+
+func TestAddressIsTheExternalIPOnAPublicNetwork(t *testing.T) {
+	r := newRig(t)
+	r.values["network"] = "public-net, berth-net"
+	p := r.provider()
+	ctx := context.Background()
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tags("inst-a", "linux/ppc64le")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := waitRunning(t, p, inst.ID)
+	ws := r.workspaceInstance(inst.ID)
+	m, _ := r.machines.Instance(ws.VMID)
+	public := ws.Networks[0]
+	if public.NetworkName != "public-net" || public.ExternalIP != m.Address || public.IPAddress == "" || public.IPAddress == m.Address {
+		t.Fatalf("the stand-in shows %+v for a machine at %s: want it as the externalIP, and another ipAddress", public, m.Address)
+	}
+	// docs/clouds/ibmp.md: the externalIP on the first network, not the ipAddress there.
+	if running.Address != public.ExternalIP {
+		t.Errorf("address %s, want the external IP %s (not the internal %s)", running.Address, public.ExternalIP, public.IPAddress)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestShutoffIsGoneAndDeleted(t *testing.T) {
+	r := newRig(t)
+	p := r.provider()
+	ctx := context.Background()
+	tg := tags("inst-a", "linux/ppc64le")
+	seenByGet, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seenByList, err := p.Launch(ctx, cloud.LaunchRequest{Token: "1f8c6a0e-1b2c-4d3e-9f00-123456789abc-0", Tags: tg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, p, seenByGet.ID)
+	waitRunning(t, p, seenByList.ID)
+
+	// Stopped from the console: Power VS keeps both, SHUTOFF, and bills them.
+	for _, id := range []string{seenByGet.ID, seenByList.ID} {
+		if err := r.api.Shutoff(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := p.Get(ctx, seenByGet.ID)
+	if err != nil || got.State != cloud.StateGone || got.Address != "" {
+		t.Fatalf("a shut-off instance: %+v, %v; want gone", got, err)
+	}
+	list, err := p.List(ctx, tg)
+	if err != nil || len(list) != 0 {
+		t.Fatalf("list: %+v, %v; want nothing", list, err)
+	}
+	// The provider deleted both: nothing is left in the workspace, and no machine runs.
+	if left := r.api.Instances(); len(left) != 0 {
+		t.Errorf("instances left in the workspace: %+v", left)
+	}
+	for _, id := range []string{seenByGet.ID, seenByList.ID} {
+		_, err := p.Get(ctx, id)
+		wantKind(t, err, cloud.NotFound)
 	}
 }

@@ -8,13 +8,19 @@
 //	POST   /pcloud/v1/cloud-instances/{cloud_instance_id}/pvm-instances       → 201 [instance]
 //	GET    /pcloud/v1/cloud-instances/{cloud_instance_id}/pvm-instances/{id}  → 200 instance
 //	DELETE /pcloud/v1/cloud-instances/{cloud_instance_id}/pvm-instances/{id}  → 200 {}
+//	GET    /pcloud/v1/cloud-instances/{cloud_instance_id}/pvm-instances/{id}/volumes → 200 {"volumes":[...]}
+//	PUT    /pcloud/v1/cloud-instances/{cloud_instance_id}/volumes/{volume_id} → 200 volume
 //
 // Every call needs "Authorization: Bearer <token>" with a token the IAM stand-in issued (401
 // otherwise) and the CRN header of the workspace (403 otherwise). Failures answer Power VS's
 // error body {"code","description","error","message"}. The machines behind the instances,
 // and their faults (capacity, quota, slow or failed boots, vanishing), are a vmcloud.Cloud's;
 // this keeps Power VS's view: instance ids, names, networks and statuses (BUILD while the
-// machine is pending, ACTIVE while it runs, ERROR when its boot failed).
+// machine is pending, ACTIVE while it runs, ERROR when its boot failed, SHUTOFF once stopped
+// with Shutoff), and each instance's boot volume ("creating" while the instance builds, then
+// "in-use"; "extending" while a resize is held with HoldResizes). A resize must ask for more
+// than the volume's size (400 otherwise, as Power VS refuses to shrink a volume) and meets a
+// 409 while an earlier one is under way.
 //
 // It is a test ground: only tests, the dev stack and the bench link it, never the controller.
 package powerfake
@@ -56,17 +62,29 @@ type Options struct {
 	Zone, Account string
 	// Networks, Images and Keys are what the workspace has; a create may name a network or
 	// an image by id or by name, a key pair by name. At least one network and one image.
-	Networks []Resource
+	Networks []Network
 	Images   []Resource
 	Keys     []string
 	// SysTypes are the system types a create may ask for; s922, e980 and e1080 when empty.
 	SysTypes []string
+	// BootSize is the size in GB of the boot volume an instance gets from its image; 100
+	// when 0.
+	BootSize float64
 	// Addr is where the API listens; 127.0.0.1:0 (a free port) when empty.
 	Addr string
 }
 
-// Resource is a network or an image of the workspace.
+// Resource is an image of the workspace.
 type Resource struct{ ID, Name string }
+
+// Network is a network of the workspace. On an External (public) network an instance has
+// an externalIP, which is its machine's address, and an ipAddress in 198.19.255.0/24 that
+// nothing answers at, as a public network's private side is reached from nowhere berth is;
+// on a private one its ipAddress is its machine's address.
+type Network struct {
+	ID, Name string
+	External bool
+}
 
 // Server is a running Power VS API stand-in for one workspace.
 type Server struct {
@@ -79,17 +97,42 @@ type Server struct {
 	instances map[string]*pvm // by pvm-instance id
 	order     []*pvm
 	creates   []models.PVMInstanceCreate
+	volumes   map[string]*volume // boot volumes by volume id
+	resizes   []Resize
+	// internal counts the private addresses given on external networks.
+	internal int
 	// Faults armed for the next calls.
 	failures      int
 	throttles     int
 	throttleAfter time.Duration
 	loseCreates   int
+	failResizes   int
+	loseResizes   int
+	holdResizes   bool
 }
 
 type pvm struct {
 	id, vmID, name string
 	body           models.PVMInstanceCreate
 	created        time.Time
+	boot           *volume
+	shutoff        bool
+	// internalIP is its ipAddress when its first network is external.
+	internalIP string
+}
+
+type volume struct {
+	id, name string
+	owner    *pvm
+	size     float64
+	// extendTo is the size a held resize grows the volume to; 0 when none is under way.
+	extendTo float64
+}
+
+// Resize is a resize of a boot volume the API accepted.
+type Resize struct {
+	VolumeID, InstanceID string
+	From, To             float64
 }
 
 // Instance is an instance as the workspace keeps it.
@@ -99,6 +142,11 @@ type Instance struct {
 	VMID string
 	// Create is the request that made it.
 	Create models.PVMInstanceCreate
+	// BootVolumeID and BootSize are its boot volume's id and size in GB now.
+	BootVolumeID string
+	BootSize     float64
+	// Networks are its networks with their addresses, as the API shows them now.
+	Networks []models.PVMInstanceNetwork
 }
 
 // New starts a stand-in serving one workspace over machines; Close stops it (the machines
@@ -122,6 +170,9 @@ func New(opts Options) (*Server, error) {
 	if len(opts.SysTypes) == 0 {
 		opts.SysTypes = []string{"s922", "e980", "e1080"}
 	}
+	if opts.BootSize == 0 {
+		opts.BootSize = 100
+	}
 	addr := opts.Addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -135,6 +186,7 @@ func New(opts Options) (*Server, error) {
 		crn:       fmt.Sprintf("crn:v1:bluemix:public:power-iaas:%s:a/%s:%s::", opts.Zone, opts.Account, opts.CloudInstanceID),
 		url:       "http://" + ln.Addr().String(),
 		instances: map[string]*pvm{},
+		volumes:   map[string]*volume{},
 	}
 	s.srv = &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
 	go s.srv.Serve(ln)
@@ -193,6 +245,51 @@ func (s *Server) LoseCreateAnswers(n int) {
 	s.loseCreates = n
 }
 
+// FailResizes makes the next n resizes answer 500 without resizing.
+func (s *Server) FailResizes(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failResizes = n
+}
+
+// LoseResizeAnswers makes the next n resizes resize and then answer 504, as when a gateway
+// gives up on the API before it answers.
+func (s *Server) LoseResizeAnswers(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseResizes = n
+}
+
+// HoldResizes, while hold is true, leaves the volumes of accepted resizes "extending" at their
+// old size, as a resize under way; HoldResizes(false) completes them.
+func (s *Server) HoldResizes(hold bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holdResizes = hold
+	if hold {
+		return
+	}
+	for _, v := range s.volumes {
+		if v.extendTo > 0 {
+			v.size, v.extendTo = v.extendTo, 0
+		}
+	}
+}
+
+// Shutoff stops an instance as its owner would from the console: Power VS keeps it (and
+// bills it), SHUTOFF and without addresses, until it is deleted. Its machine stands for
+// what Power VS holds and stays until then.
+func (s *Server) Shutoff(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.instances[id]
+	if p == nil || s.vanished(p) {
+		return fmt.Errorf("powerfake: no instance %s", id)
+	}
+	p.shutoff = true
+	return nil
+}
+
 // Delete deletes an instance as someone else would, behind berth's back: its machine ends
 // and the API knows it no more.
 func (s *Server) Delete(id string) error {
@@ -212,9 +309,22 @@ func (s *Server) Instances() []Instance {
 	defer s.mu.Unlock()
 	out := make([]Instance, 0, len(s.order))
 	for _, p := range s.order {
-		out = append(out, Instance{ID: p.id, Name: p.name, VMID: p.vmID, Create: p.body})
+		inst := Instance{ID: p.id, Name: p.name, VMID: p.vmID, Create: p.body, BootVolumeID: p.boot.id, BootSize: p.boot.size}
+		if view, ok := s.view(p); ok {
+			for _, n := range view.Networks {
+				inst.Networks = append(inst.Networks, *n)
+			}
+		}
+		out = append(out, inst)
 	}
 	return out
+}
+
+// Resizes returns every resize the API accepted, in order.
+func (s *Server) Resizes() []Resize {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.resizes)
 }
 
 // Creates returns every create request the API accepted, in order.
@@ -233,6 +343,8 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST "+base, s.guard(s.create))
 	mux.HandleFunc("GET "+base+"/{pvm_instance_id}", s.guard(s.get))
 	mux.HandleFunc("DELETE "+base+"/{pvm_instance_id}", s.guard(s.delete))
+	mux.HandleFunc("GET "+base+"/{pvm_instance_id}/volumes", s.guard(s.instanceVolumes))
+	mux.HandleFunc("PUT /pcloud/v1/cloud-instances/{cloud_instance_id}/volumes/{volume_id}", s.guard(s.updateVolume))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, "no such operation: "+r.Method+" "+r.URL.Path)
 	})
@@ -362,7 +474,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := &pvm{id: id, vmID: inst.ID, name: *body.ServerName, body: body, created: time.Now().UTC()}
+	p.boot = &volume{id: uuid(), name: *body.ServerName + "-boot", owner: p, size: s.opts.BootSize}
+	if n := s.firstNetwork(&body); n.External {
+		s.internal++
+		p.internalIP = fmt.Sprintf("198.19.255.%d", 2+s.internal%250)
+	}
 	s.instances[id] = p
+	s.volumes[p.boot.id] = p.boot
 	s.order = append(s.order, p)
 	s.creates = append(s.creates, body)
 	if s.loseCreates > 0 {
@@ -425,17 +543,134 @@ func (s *Server) validate(b *models.PVMInstanceCreate) (int, string) {
 	return 0, ""
 }
 
-func has(rs []Resource, idOrName string) bool {
-	return slices.ContainsFunc(rs, func(r Resource) bool { return r.ID == idOrName || r.Name == idOrName })
+func has[R Resource | Network](rs []R, idOrName string) bool {
+	_, ok := find(rs, idOrName)
+	return ok
 }
 
-func resource(rs []Resource, idOrName string) Resource {
+// find returns the image or network named by id or name.
+func find[R Resource | Network](rs []R, idOrName string) (R, bool) {
 	for _, r := range rs {
-		if r.ID == idOrName || r.Name == idOrName {
-			return r
+		var id, name string
+		switch r := any(r).(type) {
+		case Resource:
+			id, name = r.ID, r.Name
+		case Network:
+			id, name = r.ID, r.Name
+		}
+		if id == idOrName || name == idOrName {
+			return r, true
 		}
 	}
-	return Resource{}
+	var zero R
+	return zero, false
+}
+
+// networkNames are the networks a create named, in order.
+func networkNames(b *models.PVMInstanceCreate) []string {
+	names := slices.Clone(b.NetworkIDs)
+	for _, n := range b.Networks {
+		names = append(names, *n.NetworkID)
+	}
+	return names
+}
+
+func (s *Server) firstNetwork(b *models.PVMInstanceCreate) Network {
+	n, _ := find(s.opts.Networks, networkNames(b)[0])
+	return n
+}
+
+func (s *Server) instanceVolumes(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := r.PathValue("pvm_instance_id")
+	p := s.instances[id]
+	if p == nil || s.vanished(p) {
+		fail(w, http.StatusNotFound, "pvm-instance "+id+" does not exist")
+		return
+	}
+	reply(w, http.StatusOK, models.Volumes{Volumes: []*models.VolumeReference{s.volumeRef(p.boot)}})
+}
+
+func (s *Server) updateVolume(w http.ResponseWriter, r *http.Request) {
+	var body models.UpdateVolume
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err := dec.Decode(&body); err != nil {
+		fail(w, http.StatusBadRequest, "the body is not a volume update request: "+err.Error())
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := r.PathValue("volume_id")
+	v := s.volumes[id]
+	if v == nil || s.vanished(v.owner) {
+		fail(w, http.StatusNotFound, "volume "+id+" does not exist")
+		return
+	}
+	if s.failResizes > 0 {
+		s.failResizes--
+		fail(w, http.StatusInternalServerError, "internal server error; try again")
+		return
+	}
+	switch {
+	case body.Size == 0 && body.Name == nil && body.Bootable == nil && body.Shareable == nil:
+		fail(w, http.StatusBadRequest, "the update names nothing to change")
+		return
+	case body.Size != 0 && body.Size != math.Trunc(body.Size):
+		fail(w, http.StatusBadRequest, "size must be a whole number of GB")
+		return
+	case v.extendTo > 0 || s.volumeState(v) != "in-use":
+		fail(w, http.StatusConflict, fmt.Sprintf("volume %s is %s: it cannot be updated now", id, s.volumeState(v)))
+		return
+	case body.Size != 0 && body.Size <= v.size:
+		fail(w, http.StatusBadRequest, fmt.Sprintf("the new size %v GB of volume %s must be larger than its current size %v GB", body.Size, id, v.size))
+		return
+	}
+	if body.Size != 0 {
+		s.resizes = append(s.resizes, Resize{VolumeID: v.id, InstanceID: v.owner.id, From: v.size, To: body.Size})
+		if s.holdResizes {
+			v.extendTo = body.Size
+		} else {
+			v.size = body.Size
+		}
+	}
+	if body.Name != nil {
+		v.name = *body.Name
+	}
+	if s.loseResizes > 0 {
+		s.loseResizes--
+		fail(w, http.StatusGatewayTimeout, "gateway timeout")
+		return
+	}
+	ref := s.volumeRef(v)
+	reply(w, http.StatusOK, models.Volume{
+		VolumeID: ref.VolumeID, Name: ref.Name, Size: ref.Size, State: *ref.State, BootVolume: ref.BootVolume,
+		Bootable: ref.Bootable, Shareable: ref.Shareable, DiskType: *ref.DiskType, PvmInstanceIDs: ref.PvmInstanceIDs,
+		CreationDate: ref.CreationDate, LastUpdateDate: ref.LastUpdateDate, DeleteOnTermination: ref.DeleteOnTermination,
+	})
+}
+
+// volumeState is what the API says of a boot volume: "creating" while its instance builds,
+// "extending" during a held resize, "in-use" otherwise. The caller holds mu.
+func (s *Server) volumeState(v *volume) string {
+	switch {
+	case v.extendTo > 0:
+		return "extending"
+	case s.status(v.owner) == "BUILD":
+		return "creating"
+	}
+	return "in-use"
+}
+
+func (s *Server) volumeRef(v *volume) *models.VolumeReference {
+	created := strfmt.DateTime(v.owner.created)
+	return &models.VolumeReference{
+		VolumeID: ptr(v.id), Name: ptr(v.name), Size: ptr(v.size), State: ptr(s.volumeState(v)),
+		BootVolume: ptr(true), Bootable: ptr(true), Shareable: ptr(false), DiskType: ptr("tier3"),
+		DeleteOnTermination: ptr(true), PvmInstanceIDs: []string{v.owner.id},
+		Href:         ptr(fmt.Sprintf("/pcloud/v1/cloud-instances/%s/volumes/%s", s.opts.CloudInstanceID, v.id)),
+		CreationDate: &created, LastUpdateDate: &created, Wwn: ptr(""),
+	}
 }
 
 // view is the instance as the API shows it, and false when the API knows it no more (its
@@ -445,47 +680,55 @@ func (s *Server) view(p *pvm) (*models.PVMInstance, bool) {
 	if !ok || m.Vanished {
 		return nil, false
 	}
-	status := "BUILD"
-	switch {
-	case m.State == vmcloud.Running:
-		status = "ACTIVE"
-	case m.State == vmcloud.Gone:
-		status = "ERROR" // its boot failed, or the cloud closed
-	}
+	status := s.status(p)
 	b := p.body
 	var nets []*models.PVMInstanceNetwork
-	names := slices.Clone(b.NetworkIDs)
-	for _, n := range b.Networks {
-		names = append(names, *n.NetworkID)
-	}
-	for i, n := range names {
-		r := resource(s.opts.Networks, n)
+	for i, n := range networkNames(&b) {
+		r, _ := find(s.opts.Networks, n)
 		net := &models.PVMInstanceNetwork{NetworkID: r.ID, NetworkName: r.Name, Type: "fixed", Version: 4,
 			Href: fmt.Sprintf("/pcloud/v1/cloud-instances/%s/networks/%s", s.opts.CloudInstanceID, r.ID)}
-		// The machine has one address: the instance's on its first network.
+		// The machine has one address: the instance's on its first network, its external
+		// one when that network is public.
 		if i == 0 && status == "ACTIVE" {
 			net.IPAddress, net.IP = m.Address, m.Address
+			if r.External {
+				net.IPAddress, net.IP, net.ExternalIP = p.internalIP, p.internalIP, m.Address
+			}
 		}
 		nets = append(nets, net)
 	}
-	image := resource(s.opts.Images, *b.ImageID).ID
+	image, _ := find(s.opts.Images, *b.ImageID)
 	return &models.PVMInstance{
 		PvmInstanceID: &p.id,
 		ServerName:    &p.name,
 		Status:        &status,
-		ImageID:       &image,
+		ImageID:       &image.ID,
 		Processors:    b.Processors,
 		ProcType:      b.ProcType,
 		Memory:        b.Memory,
 		SysType:       b.SysType,
-		DiskSize:      ptr(float64(100)),
+		DiskSize:      ptr(p.boot.size),
 		OsType:        ptr("rhel"),
 		Networks:      nets,
 		NetworkIDs:    networkIDs(nets),
 		StorageType:   ptr("tier3"),
-		VolumeIDs:     []string{},
+		VolumeIDs:     []string{p.boot.id},
 		CreationDate:  strfmt.DateTime(p.created),
 	}, true
+}
+
+// status is the instance's Power VS status. The caller holds mu.
+func (s *Server) status(p *pvm) string {
+	m, _ := s.opts.Machines.Instance(p.vmID)
+	switch {
+	case p.shutoff:
+		return "SHUTOFF"
+	case m.State == vmcloud.Running:
+		return "ACTIVE"
+	case m.State == vmcloud.Gone:
+		return "ERROR" // its boot failed, or the cloud closed
+	}
+	return "BUILD"
 }
 
 func reference(cloudInstanceID string, m *models.PVMInstance) *models.PVMInstanceReference {
@@ -520,6 +763,7 @@ func (s *Server) forget(id string) bool {
 	// ErrNotFound: the machine is gone already (its boot failed); the instance goes all the same.
 	s.opts.Machines.Terminate(p.vmID)
 	delete(s.instances, id)
+	delete(s.volumes, p.boot.id) // deleted with the instance, as boot volumes are
 	s.order = slices.DeleteFunc(s.order, func(q *pvm) bool { return q == p })
 	return true
 }
