@@ -29,10 +29,11 @@ func newDevCommand() *cobra.Command {
 		Short: "Run the local stack: control plane, SSH hosts, Tekton stand-in and berth (make run)",
 		Long: `dev brings up a real kube-apiserver and etcd with Tekton's CRDs and berth's RBAC and Tasks,
 real SSH hosts (each an sshd in its own network and mount namespace), a Tekton stand-in that
-runs TaskRuns, a local VM cloud whose VMs are SSH hosts booted on demand, and berth's
-controller with a sample host config: the hosts as static hosts of linux/s390x, linux/arm64 as
-a dynamic platform (a VM per task) and linux/ppc64le as a dynamic pool (two tasks per VM) on
-the VM cloud, and linux/amd64 as a local platform. It then runs the sample TaskRuns of
+runs TaskRuns, a local VM cloud whose VMs are SSH hosts booted on demand (with an EC2 API
+stand-in in front of it), and berth's controller with a sample host config: the hosts as
+static hosts of linux/s390x, linux/arm64 as a dynamic platform of type aws (a VM per task,
+launched through the AWS SDK and the EC2 stand-in) and linux/ppc64le as a dynamic pool of type
+local-vm (two tasks per VM), and linux/amd64 as a local platform. It then runs the sample TaskRuns of
 config/samples, applies the files given with --apply (your own Tasks and TaskRuns: a
 namespaced object without a namespace goes to "builds"), prints how to reach everything, and
 tears it all down on Ctrl-C. With --once it exits after the samples have finished, 0 if they
@@ -62,7 +63,7 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&opts.VMCloud, "vm-cloud", true, "start the local VM cloud and serve linux/arm64 (a VM per task) and linux/ppc64le (pooled VMs) from it")
+	cmd.Flags().BoolVar(&opts.VMCloud, "vm-cloud", true, "start the local VM cloud (and its EC2 stand-in) and serve linux/arm64 (a VM per task, type aws) and linux/ppc64le (pooled VMs, type local-vm) from it")
 	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none: then no controller or samples either)")
 	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
@@ -97,7 +98,7 @@ func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once b
 	}
 	data := stack.StaticHostConfig("linux/s390x", 2, "linux/amd64")
 	if stack.VMCloud != nil {
-		stack.AddDynamicPlatform(data, devstack.DynamicPlatform, devstack.DynamicSettings{MaxInstances: 2})
+		stack.AddDynamicPlatform(data, devstack.DynamicPlatform, devstack.DynamicSettings{Provider: devstack.ProviderAWS, MaxInstances: 2})
 		stack.AddDynamicPlatform(data, devstack.PoolPlatform, devstack.DynamicSettings{MaxInstances: 2, Concurrency: 2, MaxAgeMinutes: 10})
 	}
 	if _, err := stack.ApplyHostConfig(ctx, data); err != nil {

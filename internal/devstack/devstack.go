@@ -23,6 +23,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/ec2fake"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/testground/tektonstandin"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
@@ -62,6 +63,7 @@ type Stack struct {
 	ControlPlane *controlplane.ControlPlane
 	Fleet        *sshhosts.Fleet // nil without hosts
 	VMCloud      *vmcloud.Cloud  // nil unless Options.VMCloud
+	EC2          *ec2fake.Server // the EC2 API stand-in over VMCloud; nil unless Options.VMCloud
 	StandIn      *tektonstandin.StandIn
 
 	KubeConfigPath string
@@ -236,6 +238,9 @@ func (s *Stack) Down() error {
 			errs = append(errs, fmt.Errorf("tekton stand-in: %w", err))
 		}
 	}
+	if s.EC2 != nil {
+		errs = append(errs, s.EC2.Close())
+	}
 	if s.VMCloud != nil {
 		errs = append(errs, s.VMCloud.Close())
 	}
@@ -272,6 +277,7 @@ func (s *Stack) Describe(w io.Writer) {
 	}
 	if s.VMCloud != nil {
 		fmt.Fprintf(w, "  vm cloud       local VM cloud at %s: each VM is a new SSH host booted on demand\n", s.VMCloud.URL())
+		fmt.Fprintf(w, "                 EC2 API stand-in at %s over the same VMs (berth reaches it through the AWS SDK)\n", s.EC2.URL())
 	}
 	scripts := "user TaskRuns' step scripts run as local processes"
 	if os.Geteuid() != 0 {

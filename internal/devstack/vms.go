@@ -12,12 +12,32 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/testground/ec2fake"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
 // VMCloudSecret holds the local VM cloud's API key (key api-key), as an operator stores a
 // cloud credential for berth.
 const VMCloudSecret = "local-vm-credentials"
+
+// The providers a dev-stack platform can be served through. Both launch the local VM
+// cloud's machines: local-vm through its own API, aws through the EC2 API stand-in and the
+// AWS SDK, as berth runs against EC2.
+const (
+	ProviderLocalVM = "local-vm"
+	ProviderAWS     = "aws"
+)
+
+// The EC2 stand-in's account, as an operator configures berth for EC2.
+const (
+	AWSSecret      = "aws-credentials" // keys access-key-id, secret-access-key
+	AWSAccessKeyID = "AKIADEVSTACKBERTH001"
+	AWSRegion      = "us-east-1"
+	AWSKeyPair     = "berth-dev" // the key pair whose key the machines accept (the hosts' admin key)
+	AWSImage       = "ami-0bea7000000000001"
+	AWSType        = "m6g.large"
+	AWSAdminUser   = "ec2-user" // the user berth's aws provider logs in as
+)
 
 // Sample dynamic platforms of the dev stack, served by the local VM cloud.
 const (
@@ -34,7 +54,9 @@ func (s *Stack) startVMCloud(ctx context.Context, logs io.Writer) error {
 		return err
 	}
 	apiKey := hex.EncodeToString(key)
-	opts := vmcloud.Options{Admin: s.Fleet.AdminSigner, APIKey: apiKey}
+	// Its VMs also let in the default user of the EC2 images berth launches through the EC2
+	// stand-in, which reaches root through sudo.
+	opts := vmcloud.Options{Admin: s.Fleet.AdminSigner, APIKey: apiKey, DefaultUser: AWSAdminUser}
 	if logs != nil {
 		opts.Logf = func(format string, args ...any) { fmt.Fprintf(logs, "vm cloud: "+format+"\n", args...) }
 	}
@@ -43,18 +65,35 @@ func (s *Stack) startVMCloud(ctx context.Context, logs io.Writer) error {
 		return fmt.Errorf("local VM cloud: %w", err)
 	}
 	s.VMCloud = cloud
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: VMCloudSecret, Namespace: Namespace},
-		Data:       map[string][]byte{"api-key": []byte(apiKey)},
+
+	secretKey := make([]byte, 20)
+	if _, err := rand.Read(secretKey); err != nil {
+		return err
 	}
-	if err := s.ControlPlane.Client.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating secret %s/%s: %w", Namespace, VMCloudSecret, err)
+	ec2 := ec2fake.Options{Machines: cloud, AccessKeyID: AWSAccessKeyID, SecretAccessKey: hex.EncodeToString(secretKey),
+		Region: AWSRegion, KeyPairs: []string{AWSKeyPair}, Images: []string{AWSImage}}
+	if logs != nil {
+		ec2.Logf = func(format string, args ...any) { fmt.Fprintf(logs, "ec2: "+format+"\n", args...) }
+	}
+	if s.EC2, err = ec2fake.New(ec2); err != nil {
+		return fmt.Errorf("EC2 stand-in: %w", err)
+	}
+	for name, data := range map[string]map[string][]byte{
+		VMCloudSecret: {"api-key": []byte(apiKey)},
+		AWSSecret:     {"access-key-id": []byte(ec2.AccessKeyID), "secret-access-key": []byte(ec2.SecretAccessKey)},
+	} {
+		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace}, Data: data}
+		if err := s.ControlPlane.Client.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating secret %s/%s: %w", Namespace, name, err)
+		}
 	}
 	return nil
 }
 
 // DynamicSettings configure one platform served from the local VM cloud.
 type DynamicSettings struct {
+	// Provider is ProviderLocalVM (the default) or ProviderAWS.
+	Provider     string
 	MaxInstances int
 	// Concurrency > 0 makes it a dynamic-pool platform with that many tasks per VM.
 	Concurrency int
@@ -63,6 +102,8 @@ type DynamicSettings struct {
 	MinIdle       int
 	// CheckIntervalSeconds and AllocationTimeoutSeconds default to 1 and 120.
 	CheckIntervalSeconds, AllocationTimeoutSeconds int
+	// Settings override or add provider keys (dynamic.<platform>.<key>).
+	Settings map[string]string
 }
 
 // AddDynamicPlatform adds platform to data as a dynamic (or, with Concurrency, dynamic-pool)
@@ -78,9 +119,23 @@ func (s *Stack) AddDynamicPlatform(data map[string]string, platform string, d Dy
 	data[list] += platform
 	label := config.Platform(platform).Label()
 	set := func(field string, v any) { data["dynamic."+label+"."+field] = fmt.Sprint(v) }
-	set("type", "local-vm")
-	set("endpoint", s.VMCloud.URL())
-	set("secret", VMCloudSecret)
+	switch d.Provider {
+	case ProviderAWS:
+		set("type", ProviderAWS)
+		set("endpoint", s.EC2.URL())
+		set("region", AWSRegion)
+		set("ami", AWSImage)
+		set("instance-type", AWSType)
+		set("key-name", AWSKeyPair)
+		set("aws-secret", AWSSecret)
+	default:
+		set("type", ProviderLocalVM)
+		set("endpoint", s.VMCloud.URL())
+		set("secret", VMCloudSecret)
+	}
+	for k, v := range d.Settings {
+		set(k, v)
+	}
 	set("ssh-secret", AdminKeySecret)
 	set("max-instances", d.MaxInstances)
 	set("check-interval", orDefault(d.CheckIntervalSeconds, 1))

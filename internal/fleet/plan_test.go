@@ -46,7 +46,7 @@ func TestPlan(t *testing.T) {
 		{name: "removed platform: busy VMs retire, free ones go, nothing launches", p: with(dyn, func(p *Platform) { p.Removed = true; p.Queued = 3 }),
 			vms: []VM{ready("a", 1, 1, fresh), ready("b", 1, 0, fresh), {Name: "c", Phase: Booting, Slots: 1}}, retire: []string{"a"}, terminate: []string{"b", "c"}},
 		{name: "outdated VMs: busy ones retire, free ones go, new ones serve the queue", p: with(pool, func(p *Platform) { p.Queued = 2; p.MaxInstances = 5 }),
-			vms: []VM{{Name: "a", Phase: Ready, Slots: 3, Used: 1, Outdated: true, ReadyAt: fresh}, {Name: "b", Phase: Ready, Slots: 3, Outdated: true, ReadyAt: fresh}},
+			vms:    []VM{{Name: "a", Phase: Ready, Slots: 3, Used: 1, Outdated: true, ReadyAt: fresh}, {Name: "b", Phase: Ready, Slots: 3, Outdated: true, ReadyAt: fresh}},
 			retire: []string{"a"}, terminate: []string{"b"}, launch: 1},
 		{name: "paused platform launches nothing", p: with(dyn, func(p *Platform) { p.Queued = 2; p.Paused = true })},
 	}

@@ -10,22 +10,35 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	berthcloud "github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/stacktest"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
+// providers are the clouds the scenarios run on: berth's local VM cloud, and the EC2
+// stand-in reached through the AWS SDK (controller → SDK → EC2 Query API), both over the
+// same machines.
+var providers = []string{devstack.ProviderLocalVM, devstack.ProviderAWS}
+
 // A task on a dynamic platform gets a VM of its own, with its build user on it, and the VM is
 // terminated once the task has ended.
 func TestDynamicTaskGetsFreshVMTerminatedAfter(t *testing.T) {
+	for _, provider := range providers {
+		t.Run(provider, func(t *testing.T) { dynamicTaskGetsFreshVM(t, provider) })
+	}
+}
+
+func dynamicTaskGetsFreshVM(t *testing.T, provider string) {
 	ns := namespace(t)
 	const platform = "linux/arm64"
-	useConfig(t, platform, devstack.DynamicSettings{MaxInstances: 2})
+	useConfig(t, platform, devstack.DynamicSettings{Provider: provider, MaxInstances: 2})
 	launched := cloud().LaunchCount()
 	tr := task(t, ns, "build", platform)
 	secret, vm := vmOf(t, tr)
-	inst, ok := cloud().Instance(vm.Status.Instance.ID)
-	if !ok || inst.State != vmcloud.Running {
+	inst := machineOf(t, vm)
+	if inst.State != vmcloud.Running {
 		t.Fatalf("the task's VM %s is not running in the cloud: %+v", vm.Status.Instance.ID, inst)
 	}
 	if host := string(secret.Data["host"]); !strings.HasSuffix(host, "@"+inst.Address) {
@@ -53,10 +66,19 @@ func TestDynamicTaskGetsFreshVMTerminatedAfter(t *testing.T) {
 // A pool serves three times as many tasks as it may have VMs, never running more than
 // max-instances, and packs tasks onto running VMs before launching.
 func TestPoolServesManyTasksWithFewVMs(t *testing.T) {
+	for _, provider := range providers {
+		t.Run(provider, func(t *testing.T) { poolServesManyTasks(t, provider) })
+	}
+}
+
+func poolServesManyTasks(t *testing.T, provider string) {
 	ns := namespace(t)
-	const platform, maxInstances, concurrency = "linux/ppc64le", 2, 2
-	useConfig(t, platform, devstack.DynamicSettings{MaxInstances: maxInstances, Concurrency: concurrency, MaxAgeMinutes: 30})
-	peak := watchPeak(t)
+	// A platform per provider, so that the VMs one run leaves in its pool are not counted
+	// in the next one's.
+	platform := map[string]string{devstack.ProviderLocalVM: "linux/ppc64le", devstack.ProviderAWS: "linux/riscv64"}[provider]
+	const maxInstances, concurrency = 2, 2
+	useConfig(t, platform, devstack.DynamicSettings{Provider: provider, MaxInstances: maxInstances, Concurrency: concurrency, MaxAgeMinutes: 30})
+	peak := watchPeak(t, platform)
 	tasks := 3 * maxInstances * concurrency
 	served := map[string]string{}
 	var running []*pipelineTask
@@ -115,9 +137,10 @@ type pipelineTask struct {
 	done bool
 }
 
-// watchPeak samples how many instances are alive at each change of the cloud, until the test
-// ends, and returns a function reading the peak.
-func watchPeak(t *testing.T) func() int {
+// watchPeak samples how many instances of the platform are alive at each change of the
+// cloud, until the test ends, and returns a function reading the peak.
+func watchPeak(t *testing.T, platform string) func() int {
+	label := config.Platform(platform).Label()
 	ctx, cancel := context.WithCancel(context.Background())
 	peak := make(chan int, 1)
 	peak <- 0
@@ -125,7 +148,7 @@ func watchPeak(t *testing.T) func() int {
 		_ = cloud().Wait(ctx, func(all []vmcloud.Instance) (bool, error) {
 			alive := 0
 			for _, i := range all {
-				if i.State != vmcloud.Gone {
+				if i.State != vmcloud.Gone && i.Tags[berthcloud.TagPlatform] == label {
 					alive++
 				}
 			}

@@ -121,6 +121,20 @@ func vmOf(t *testing.T, tr *pipelinev1.TaskRun) (*corev1.Secret, *berthv1.BuildH
 	return secret, &vm
 }
 
+// machineOf finds the machine of a VM record in the cloud by its launch token, which every
+// provider passes on, whatever id its API gives the instance.
+func machineOf(t *testing.T, vm *berthv1.BuildHost) vmcloud.Instance {
+	t.Helper()
+	token := vms.Token(vm)
+	for _, inst := range cloud().Instances() {
+		if inst.Token == token {
+			return inst
+		}
+	}
+	t.Fatalf("no machine in the cloud was launched with %s's token %s", vm.Name, token)
+	return vmcloud.Instance{}
+}
+
 // settled waits until no record of the namespace is left and every instance berth launched
 // is gone or accounted for by a VM record, then checks that no instance is alive without one.
 func settled(t *testing.T, ns string, wantAlive int) {

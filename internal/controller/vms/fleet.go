@@ -61,10 +61,13 @@ type Fleet struct {
 
 	kick chan struct{}
 
-	mu        sync.Mutex
-	logins    map[string]berthv1.HostLogin // ready VMs by record name
-	trouble   map[string]trouble           // platform → last launch failure
-	providers map[string]providerEntry     // platform → provider built from its settings
+	mu     sync.Mutex
+	logins map[string]berthv1.HostLogin // ready VMs by record name
+	// specs are the ready VMs' instance specs, to close at once those a config change
+	// makes outdated.
+	specs     map[string]*berthv1.InstanceSpec
+	trouble   map[string]trouble       // platform → last launch failure
+	providers map[string]providerEntry // platform → provider built from its settings
 	// launchedWith holds providers of VMs launched with settings the platform no longer has.
 	launchedWith map[string]cloud.Provider
 	installation string
@@ -90,6 +93,7 @@ func (f *Fleet) init() {
 	if f.kick == nil {
 		f.kick = make(chan struct{}, 1)
 		f.logins = map[string]berthv1.HostLogin{}
+		f.specs = map[string]*berthv1.InstanceSpec{}
 		f.trouble = map[string]trouble{}
 		f.providers = map[string]providerEntry{}
 	}
@@ -186,12 +190,33 @@ func (f *Fleet) setLogin(rec *berthv1.BuildHost) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.logins[rec.Name] = loginOf(rec)
+	f.specs[rec.Name] = rec.Spec.Instance.DeepCopy()
 }
 
 func (f *Fleet) dropLogin(name string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.logins, name)
+	delete(f.specs, name)
+}
+
+// configChanged takes a new config in: new settings may cure a refused platform, so it may
+// launch again; and VMs launched with settings their platform no longer has are closed
+// before a task can take one (the planner writes why into their records).
+func (f *Fleet) configChanged(cfg *config.Config) {
+	f.mu.Lock()
+	clear(f.trouble)
+	var stale []string
+	for name, in := range f.specs {
+		if d := cfg.Dynamic[config.Platform(in.Platform)]; d != nil && outdated(in, d) {
+			stale = append(stale, name)
+		}
+	}
+	f.mu.Unlock()
+	for _, name := range stale {
+		f.Ledger.RetireHost(name)
+	}
+	f.Kick()
 }
 
 func loginOf(rec *berthv1.BuildHost) berthv1.HostLogin {

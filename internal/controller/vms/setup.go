@@ -7,7 +7,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
-	"github.com/berth-ci/berth/internal/config"
 )
 
 // SetupWithManager registers the VM loop and the planner.
@@ -16,13 +15,7 @@ func (f *Fleet) SetupWithManager(mgr ctrl.Manager) error {
 	if f.APIReader == nil {
 		f.APIReader = mgr.GetAPIReader()
 	}
-	f.Config.OnChange(func(*config.Config) {
-		// New settings may cure a refused platform: let it launch again.
-		f.mu.Lock()
-		clear(f.trouble)
-		f.mu.Unlock()
-		f.Kick()
-	})
+	f.Config.OnChange(f.configChanged)
 	if err := ctrl.NewControllerManagedBy(mgr).
 		Named("vm").
 		For(&berthv1.BuildHost{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {

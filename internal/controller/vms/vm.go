@@ -95,7 +95,10 @@ func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.R
 // good (bad settings or credentials). Waiting tasks learn either way (see Unservable).
 func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
 	in := rec.Spec.Instance
-	f.noteTrouble(in.Platform, cause)
+	if d := f.dynamic(config.Platform(in.Platform)); d != nil && !outdated(in, d) {
+		// A launch with settings the platform no longer has says nothing about the new ones.
+		f.noteTrouble(in.Platform, cause)
+	}
 	_, limit, _ := f.timing(in.Platform)
 	if cloud.KindOf(cause).Permanent() || f.now().Sub(rec.CreationTimestamp.Time) > limit {
 		f.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s: %v", in.Platform, cause)

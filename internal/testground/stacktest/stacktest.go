@@ -253,10 +253,14 @@ func ApplyConfig(t *testing.T, s *devstack.Stack, data map[string]string, reason
 // (see FinishAllOnFailure).
 func Namespace(t *testing.T, s *devstack.Stack) string {
 	t.Helper()
-	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
+	// Subtests' names have slashes and spaces: a namespace name has neither.
+	ns := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(strings.TrimPrefix(t.Name(), "Test")))
+	ns = strings.Trim(ns[:min(len(ns), 50)], "-")
 	if err := s.ControlPlane.EnsureNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}

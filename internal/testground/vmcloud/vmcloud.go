@@ -89,6 +89,10 @@ type Options struct {
 	// nothing answers at. For tests of cloud API stand-ins that never log in to a VM; they
 	// then need neither root nor sshd.
 	Hostless bool
+	// DefaultUser, if set, is made an admin of every VM at boot (the admin key, passwordless
+	// sudo), as a cloud image's first boot does for its default user, like ec2-user. root
+	// still logs in too.
+	DefaultUser string
 }
 
 // Cloud is a running local VM cloud.
@@ -353,7 +357,14 @@ func (c *Cloud) startHost(ctx context.Context) (*sshhosts.Host, error) {
 	if c.opts.Hostless {
 		return nil, nil
 	}
-	return sshhosts.StartHost(ctx, c.opts.Admin)
+	h, err := sshhosts.StartHost(ctx, c.opts.Admin)
+	if err != nil || c.opts.DefaultUser == "" {
+		return h, err
+	}
+	if err := h.AddAdmin(ctx, c.opts.DefaultUser); err != nil {
+		return nil, errors.Join(err, h.Close())
+	}
+	return h, nil
 }
 
 // end takes an instance down for good: terminated (DELETE) or vanished. It returns once its

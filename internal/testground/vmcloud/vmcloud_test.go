@@ -497,3 +497,21 @@ func TestGoFaceHostless(t *testing.T) {
 		t.Fatalf("%d instances created, want 1", n)
 	}
 }
+
+// A cloud with a default user boots VMs that let it in with the admin key and give it root
+// through passwordless sudo, as an EC2 image's first boot does for ec2-user.
+func TestDefaultUserIsAdminThroughSudo(t *testing.T) {
+	admin := newAdmin(t)
+	c := NewForTest(t, Options{Admin: admin, APIKey: testKey, DefaultUser: "ec2-user", Logf: t.Logf})
+	inst, _, err := c.Launch("default-user", "du", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitFor(testContext(t), inst.ID, Running); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Host(inst.ID).RunAs(testContext(t), "ec2-user", admin, "id -un; sudo -n id -u")
+	if err != nil || out != "ec2-user\n0\n" {
+		t.Fatalf("as ec2-user: %q, %v; want ec2-user reaching uid 0 through sudo", out, err)
+	}
+}

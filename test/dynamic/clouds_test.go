@@ -1,0 +1,85 @@
+package dynamic
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
+	"github.com/berth-ci/berth/internal/testground/vmcloud"
+)
+
+// A platform moved to another cloud (here from the local VM cloud to EC2) keeps reaching the
+// VMs it launched before: the busy one is retired, serves its task to the end and is
+// terminated through the cloud it runs in; new tasks get VMs of the new cloud; nothing leaks.
+func TestConfigChangeReachesOldVMs(t *testing.T) {
+	ns := namespace(t)
+	const platform = "linux/ppc64le"
+	pool := devstack.DynamicSettings{MaxInstances: 2, Concurrency: 2, MaxAgeMinutes: 30}
+	useConfig(t, platform, pool)
+	a := task(t, ns, "before", platform)
+	_, oldVM := vmOf(t, a)
+	if oldVM.Spec.Instance.Provider != devstack.ProviderLocalVM {
+		t.Fatalf("the first VM came from %s", oldVM.Spec.Instance.Provider)
+	}
+
+	pool.Provider = devstack.ProviderAWS
+	useConfig(t, platform, pool)
+	eventually(t, "the VM launched with the old settings is retired", func() (bool, error) {
+		var rec berthv1.BuildHost
+		err := c().Get(context.Background(), client.ObjectKeyFromObject(oldVM), &rec)
+		return err == nil && strings.Contains(rec.Spec.Instance.Retire, "settings"), err
+	})
+	b := task(t, ns, "after", platform)
+	_, newVM := vmOf(t, b)
+	if newVM.Name == oldVM.Name || newVM.Spec.Instance.Provider != devstack.ProviderAWS {
+		t.Fatalf("the task after the change runs on %s (%s), want a new VM from aws", newVM.Name, newVM.Spec.Instance.Provider)
+	}
+	if inst := machineOf(t, oldVM); inst.State != vmcloud.Running {
+		t.Fatalf("the old VM went while its task ran: %+v", inst)
+	}
+	if rec := stacktest.Record(t, c(), a); rec.Status.Phase != berthv1.PhaseReady {
+		t.Fatalf("the task on the old VM lost it: %s", rec.Status.Phase)
+	}
+
+	finish(t, a)
+	if _, err := cloud().WaitFor(ctxFor(t), machineOf(t, oldVM).ID, vmcloud.Gone); err != nil {
+		t.Fatalf("the old VM was not terminated once its task was cleaned: %v", err)
+	}
+	finish(t, b)
+	settled(t, ns, 1) // the new pool VM stays for the next tasks
+	noDoubleLaunch(t)
+}
+
+// A cloud credential Secret without one of its keys gives the task an error secret naming
+// the Secret and the key, at once, and launches nothing.
+func TestMissingCredentialKeyIsNamed(t *testing.T) {
+	ns := namespace(t)
+	const platform, secretName = "linux/arm64", "aws-half-credentials"
+	half := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: devstack.Namespace},
+		Data:       map[string][]byte{"access-key-id": []byte(devstack.AWSAccessKeyID)},
+	}
+	if err := c().Create(context.Background(), half); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c().Delete(context.Background(), half) })
+	useConfig(t, platform, devstack.DynamicSettings{Provider: devstack.ProviderAWS, MaxInstances: 2,
+		Settings: map[string]string{"aws-secret": secretName}})
+	launched := cloud().LaunchCount()
+	tr := task(t, ns, "half", platform)
+	msg := string(stacktest.SecretOf(t, c(), tr).Data["error"])
+	if !strings.Contains(msg, secretName) || !strings.Contains(msg, "secret-access-key") {
+		t.Fatalf("want an error secret naming Secret %s and key secret-access-key, got %q", secretName, msg)
+	}
+	if n := cloud().LaunchCount() - launched; n != 0 {
+		t.Fatalf("%d instances launched without credentials", n)
+	}
+	settled(t, ns, 0)
+}
