@@ -154,7 +154,7 @@ type Settings struct {
 	Values   map[string]string
 	// Secret reads a Secret of the controller's namespace on demand; providers never keep
 	// credentials longer than a call needs them and never log them.
-	Secret func(ctx context.Context, name string) (map[string][]byte, error)
+	Secret SecretReader
 }
 
 // Factory builds a provider of one type.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +18,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
@@ -189,10 +191,16 @@ func adminKeyReader(r client.Reader, namespace string) func(context.Context, str
 
 // secretReader reads a Secret of the controller's namespace when a cloud call needs its
 // credentials, past the cache.
-func secretReader(r client.Reader, namespace string) func(context.Context, string) (map[string][]byte, error) {
+func secretReader(r client.Reader, namespace string) cloud.SecretReader {
 	return func(ctx context.Context, name string) (map[string][]byte, error) {
 		var s corev1.Secret
-		if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); err != nil {
+		err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("%w: %v", cloud.ErrNoSecret, err)
+		case apierrors.IsForbidden(err):
+			return nil, fmt.Errorf("%w: %v", cloud.ErrSecretForbidden, err)
+		case err != nil:
 			return nil, err
 		}
 		return s.Data, nil

@@ -14,10 +14,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/cloudfake"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/testground/ec2fake"
 	"github.com/berth-ci/berth/internal/testground/realdata"
@@ -34,17 +33,8 @@ const (
 	publicSubnet    = "subnet-0bb719a6c5b602b17"
 )
 
-// secrets stands in for the controller's namespace: what is not in it is NotFound, as from
-// the apiserver.
-type secrets map[string]map[string][]byte
-
-func (s secrets) read(_ context.Context, name string) (map[string][]byte, error) {
-	data, ok := s[name]
-	if !ok {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
-	}
-	return data, nil
-}
+// secrets stands in for the controller's namespace.
+type secrets = cloudfake.Secrets
 
 func goodSecrets() secrets {
 	return secrets{secretName: {"access-key-id": []byte(accessKeyID), "secret-access-key": []byte(secretAccessKey + "\n")}}
@@ -78,7 +68,7 @@ func values(endpoint string) map[string]string {
 
 func newTestProvider(t *testing.T, v map[string]string, s secrets) *Provider {
 	t.Helper()
-	p, err := newProvider(cloud.Settings{Platform: "linux/arm64", Values: v, Secret: s.read}, tuning{
+	p, err := newProvider(cloud.Settings{Platform: "linux/arm64", Values: v, Secret: s.Read}, tuning{
 		backoff:  retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return time.Millisecond, nil }),
 		pageSize: 5,
 	})
@@ -608,7 +598,7 @@ func TestSetup(t *testing.T) {
 	if !slices.Contains(cloud.Types(), "aws") {
 		t.Fatalf("aws is not registered: %v", cloud.Types())
 	}
-	read := goodSecrets().read
+	read := goodSecrets().Read
 	for key, value := range map[string]string{
 		"region":                    "",
 		"ami":                       "rhel-9",
@@ -658,7 +648,7 @@ func TestRealConfigsBuildProviders(t *testing.T) {
 			if d.Type != "aws" {
 				continue
 			}
-			_, err := New(cloud.Settings{Platform: string(platform), Values: d.Settings, Secret: goodSecrets().read})
+			_, err := New(cloud.Settings{Platform: string(platform), Values: d.Settings, Secret: goodSecrets().Read})
 			if err != nil {
 				t.Errorf("%s: %s: %v", hc.Name, platform, err)
 			}

@@ -10,7 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/berth-ci/berth/internal/cloud"
 )
@@ -28,37 +27,22 @@ const (
 // secretCredentials reads the platform's AWS key from its Secret when the SDK asks.
 type secretCredentials struct {
 	name string
-	read func(ctx context.Context, name string) (map[string][]byte, error)
+	read cloud.SecretReader
 }
 
 func (c secretCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
-	data, err := c.read(ctx, c.name)
+	values, err := c.read.Credentials(ctx, "credentials", c.name, "the AWS key", accessKeyIDKey, secretAccessKeyKey)
 	if err != nil {
-		var ce *cloud.Error
-		switch {
-		case errors.As(err, &ce):
-			return aws.Credentials{}, err
-		case apierrors.IsNotFound(err):
-			return aws.Credentials{}, cloud.Errorf(cloud.Auth, "credentials", "Secret %s, which should hold the AWS key under %s and %s, does not exist", c.name, accessKeyIDKey, secretAccessKeyKey)
-		case apierrors.IsForbidden(err):
-			return aws.Credentials{}, cloud.Errorf(cloud.Auth, "credentials", "berth may not read Secret %s (the AWS key): %v", c.name, err)
-		}
-		return aws.Credentials{}, cloud.Errorf(cloud.Transient, "credentials", "reading Secret %s: %v", c.name, err)
+		return aws.Credentials{}, err
 	}
-	creds := aws.Credentials{
-		AccessKeyID:     strings.TrimSpace(string(data[accessKeyIDKey])),
-		SecretAccessKey: strings.TrimSpace(string(data[secretAccessKeyKey])),
-		SessionToken:    strings.TrimSpace(string(data[sessionTokenKey])),
+	return aws.Credentials{
+		AccessKeyID:     values[accessKeyIDKey],
+		SecretAccessKey: values[secretAccessKeyKey],
+		SessionToken:    values[sessionTokenKey],
 		Source:          "Secret " + c.name,
 		CanExpire:       true,
 		Expires:         time.Now().Add(credentialsTTL),
-	}
-	for key, v := range map[string]string{accessKeyIDKey: creds.AccessKeyID, secretAccessKeyKey: creds.SecretAccessKey} {
-		if v == "" {
-			return aws.Credentials{}, cloud.Errorf(cloud.Auth, "credentials", "Secret %s has no key %s (it needs %s and %s)", c.name, key, accessKeyIDKey, secretAccessKeyKey)
-		}
-	}
-	return creds, nil
+	}, nil
 }
 
 // code is the EC2 error code of err, or "".

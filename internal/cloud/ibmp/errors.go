@@ -13,7 +13,6 @@ import (
 	"github.com/IBM-Cloud/power-go-client/power/models"
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/go-openapi/runtime"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/berth-ci/berth/internal/cloud"
 )
@@ -175,22 +174,9 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 
 // apiKey reads the API key from the platform's Secret.
 func (p *Provider) apiKey(ctx context.Context, op string) (string, error) {
-	data, err := p.readSecret(ctx, p.secretName)
+	creds, err := p.readSecret.Credentials(ctx, op, p.secretName, "the IBM Cloud API key", apiKeyKey)
 	if err != nil {
-		var ce *cloud.Error
-		switch {
-		case errors.As(err, &ce):
-			return "", err
-		case apierrors.IsNotFound(err):
-			return "", cloud.Errorf(cloud.Auth, op, "Secret %s, which should hold the IBM Cloud API key under %s, does not exist", p.secretName, apiKeyKey)
-		case apierrors.IsForbidden(err):
-			return "", cloud.Errorf(cloud.Auth, op, "berth may not read Secret %s (the IBM Cloud API key): %v", p.secretName, err)
-		}
-		return "", cloud.Errorf(cloud.Transient, op, "reading Secret %s: %v", p.secretName, err)
+		return "", err
 	}
-	key := strings.TrimSpace(string(data[apiKeyKey]))
-	if key == "" {
-		return "", cloud.Errorf(cloud.Auth, op, "Secret %s has no key %s holding the IBM Cloud API key", p.secretName, apiKeyKey)
-	}
-	return key, nil
+	return creds[apiKeyKey], nil
 }

@@ -67,7 +67,7 @@ type Provider struct {
 	iamURL     string
 	ws         workspace
 	secretName string
-	readSecret func(ctx context.Context, name string) (map[string][]byte, error)
+	readSecret cloud.SecretReader
 
 	networks []string
 	image    string

@@ -5,13 +5,11 @@ package ibmp
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/testground/iamfake"
@@ -97,7 +95,7 @@ func (r *rig) secret(_ context.Context, name string) (map[string][]byte, error) 
 	defer r.mu.Unlock()
 	data, ok := r.secrets[name]
 	if !ok {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
+		return nil, fmt.Errorf("secret %s: %w", name, cloud.ErrNoSecret)
 	}
 	return data, nil
 }

@@ -23,7 +23,6 @@ import (
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/berth-ci/berth/internal/cloud"
 )
@@ -73,7 +72,7 @@ type Provider struct {
 	privateIP  bool
 	diskGB     int64
 	secretName string
-	readSecret func(ctx context.Context, name string) (map[string][]byte, error)
+	readSecret cloud.SecretReader
 
 	mu sync.Mutex
 	// apiKey is the key svc authenticates with; a changed Secret makes a new svc, so a
@@ -840,22 +839,9 @@ func (p *Provider) service(ctx context.Context, op string) (*vpcv1.VpcV1, error)
 // readKey reads the API key from the platform's Secret, afresh for every call, so a rotated
 // or removed key takes effect at once.
 func (p *Provider) readKey(ctx context.Context, op string) (string, error) {
-	data, err := p.readSecret(ctx, p.secretName)
+	creds, err := p.readSecret.Credentials(ctx, op, p.secretName, "the IBM Cloud API key", apiKeyKey)
 	if err != nil {
-		var ce *cloud.Error
-		switch {
-		case errors.As(err, &ce):
-			return "", err
-		case apierrors.IsNotFound(err):
-			return "", cloud.Errorf(cloud.Auth, op, "Secret %s, which should hold the IBM Cloud API key under %s, does not exist", p.secretName, apiKeyKey)
-		case apierrors.IsForbidden(err):
-			return "", cloud.Errorf(cloud.Auth, op, "berth may not read Secret %s (the IBM Cloud API key): %v", p.secretName, err)
-		}
-		return "", cloud.Errorf(cloud.Transient, op, "reading Secret %s: %v", p.secretName, err)
+		return "", err
 	}
-	key := strings.TrimSpace(string(data[apiKeyKey]))
-	if key == "" {
-		return "", cloud.Errorf(cloud.Auth, op, "Secret %s has no key %s holding the IBM Cloud API key", p.secretName, apiKeyKey)
-	}
-	return key, nil
+	return creds[apiKeyKey], nil
 }

@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/cloudfake"
 	"github.com/berth-ci/berth/internal/cloud/ibmz"
 	"github.com/berth-ci/berth/internal/testground/iamfake"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
@@ -24,17 +22,8 @@ const (
 	image      = "r014-23be9e67-4ab2-4dc9-9a51-d56efb06943d"
 )
 
-// secrets stands in for the controller's namespace: what is not in it is NotFound, as from
-// the apiserver.
-type secrets map[string]map[string][]byte
-
-func (s secrets) read(_ context.Context, name string) (map[string][]byte, error) {
-	data, ok := s[name]
-	if !ok {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
-	}
-	return data, nil
-}
+// secrets stands in for the controller's namespace.
+type secrets = cloudfake.Secrets
 
 type world struct {
 	machines *vmcloud.Cloud
@@ -96,7 +85,7 @@ func (w *world) values(extra map[string]string) map[string]string {
 
 func (w *world) provider(t *testing.T, extra map[string]string) cloud.Provider {
 	t.Helper()
-	p, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(extra), Secret: w.secrets.read})
+	p, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(extra), Secret: w.secrets.Read})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +506,7 @@ func TestCredentials(t *testing.T) {
 		{"wrong key", secrets{secretName: {"api-key": []byte("not-the-key")}}, "refused the API key in key api-key of Secret " + secretName},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(nil), Secret: c.secrets.read})
+			p, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(nil), Secret: c.secrets.Read})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -530,7 +519,7 @@ func TestCredentials(t *testing.T) {
 	}
 	// A rotated key takes effect at the next call.
 	s := secrets{secretName: {"api-key": []byte("not-the-key")}}
-	p, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(nil), Secret: s.read})
+	p, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(nil), Secret: s.Read})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,17 +536,17 @@ func TestSetup(t *testing.T) {
 	ctx := testContext(t)
 	for _, k := range []string{"region", "vpc", "subnet", "key", "image-id", "profile", "secret"} {
 		v := w.values(map[string]string{k: ""})
-		_, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: v, Secret: w.secrets.read})
+		_, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: v, Secret: w.secrets.Read})
 		wantKind(t, "without "+k, err, cloud.BadConfig)
 		if !strings.Contains(err.Error(), k) {
 			t.Fatalf("error %q does not name %s", err, k)
 		}
 	}
 	for k, v := range map[string]string{"private-ip": "maybe", "disk": "5000", "url": "ftp://x", "iam-url": "::"} {
-		_, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(map[string]string{k: v}), Secret: w.secrets.read})
+		_, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(map[string]string{k: v}), Secret: w.secrets.Read})
 		wantKind(t, k+"="+v, err, cloud.BadConfig)
 	}
-	_, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(map[string]string{"url": "", "region": "mars-north-1"}), Secret: w.secrets.read})
+	_, err := cloud.New("ibmz", cloud.Settings{Platform: "linux-s390x", Values: w.values(map[string]string{"url": "", "region": "mars-north-1"}), Secret: w.secrets.Read})
 	wantKind(t, "unknown region without url", err, cloud.BadConfig)
 
 	// Names the account does not have, and values the API refuses, are BadConfig.

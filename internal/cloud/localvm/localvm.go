@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/berth-ci/berth/internal/cloud"
 )
@@ -47,7 +44,7 @@ type Provider struct {
 	platform   string
 	endpoint   *url.URL
 	secretName string
-	readSecret func(ctx context.Context, name string) (map[string][]byte, error)
+	readSecret cloud.SecretReader
 	client     *http.Client
 }
 
@@ -329,22 +326,9 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 // apiKey reads the API key from the platform's Secret, afresh for every call, so a rotated
 // key takes effect at once and none is kept in memory between calls.
 func (p *Provider) apiKey(ctx context.Context, op string) (string, error) {
-	data, err := p.readSecret(ctx, p.secretName)
+	creds, err := p.readSecret.Credentials(ctx, op, p.secretName, "the cloud's API key", apiKeyKey)
 	if err != nil {
-		var ce *cloud.Error
-		switch {
-		case errors.As(err, &ce):
-			return "", err
-		case apierrors.IsNotFound(err):
-			return "", cloud.Errorf(cloud.Auth, op, "Secret %s, which should hold the cloud's API key under %s, does not exist", p.secretName, apiKeyKey)
-		case apierrors.IsForbidden(err):
-			return "", cloud.Errorf(cloud.Auth, op, "berth may not read Secret %s (the cloud's API key): %v", p.secretName, err)
-		}
-		return "", cloud.Errorf(cloud.Transient, op, "reading Secret %s: %v", p.secretName, err)
+		return "", err
 	}
-	key := strings.TrimSpace(string(data[apiKeyKey]))
-	if key == "" {
-		return "", cloud.Errorf(cloud.Auth, op, "Secret %s has no key %s holding the cloud's API key", p.secretName, apiKeyKey)
-	}
-	return key, nil
+	return creds[apiKeyKey], nil
 }

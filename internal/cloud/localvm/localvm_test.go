@@ -16,10 +16,9 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/cloudfake"
 	_ "github.com/berth-ci/berth/internal/cloud/localvm"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
@@ -29,17 +28,8 @@ const (
 	secretName = "local-vm-cloud"
 )
 
-// secrets stands in for the controller's namespace: what is not in it is NotFound, as from
-// the apiserver.
-type secrets map[string]map[string][]byte
-
-func (s secrets) read(_ context.Context, name string) (map[string][]byte, error) {
-	data, ok := s[name]
-	if !ok {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
-	}
-	return data, nil
-}
+// secrets stands in for the controller's namespace.
+type secrets = cloudfake.Secrets
 
 func goodSecrets() secrets {
 	return secrets{secretName: {"api-key": []byte(apiKey + "\n")}}
@@ -50,7 +40,7 @@ func newProvider(t *testing.T, endpoint string, s secrets) cloud.Provider {
 	p, err := cloud.New("local-vm", cloud.Settings{
 		Platform: "linux-local",
 		Values:   map[string]string{"endpoint": endpoint, "secret": secretName},
-		Secret:   s.read,
+		Secret:   s.Read,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -384,7 +374,7 @@ func TestSetup(t *testing.T) {
 	if !slices.Contains(cloud.Types(), "local-vm") {
 		t.Fatalf("local-vm is not registered: %v", cloud.Types())
 	}
-	read := goodSecrets().read
+	read := goodSecrets().Read
 	for _, values := range []map[string]string{
 		{"secret": secretName},
 		{"endpoint": "127.0.0.1:8790", "secret": secretName},

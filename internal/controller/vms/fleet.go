@@ -50,7 +50,7 @@ type Fleet struct {
 	Tasks     Tasks
 	Prober    Prober
 	// Secret reads a Secret of the controller's namespace (cloud credentials), on demand.
-	Secret func(ctx context.Context, name string) (map[string][]byte, error)
+	Secret cloud.SecretReader
 	// PlanInterval is the longest the planner waits between two passes when nothing kicks it.
 	PlanInterval time.Duration
 	// SweepInterval is how often the sweeper lists the clouds; LeakGrace how old an instance

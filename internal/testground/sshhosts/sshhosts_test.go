@@ -361,6 +361,18 @@ func TestLeftoversOfDeadOwnerAreReclaimed(t *testing.T) {
 	sleeperDone := make(chan struct{})
 	go func() { sleeper.Wait(); close(sleeperDone) }()
 	defer sleeper.Process.Kill()
+	// ip netns exec enters the namespace after Start returns; on a busy machine the owner
+	// could "die" and be reclaimed before its process is there to find.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		out, _ := exec.Command("ip", "netns", "pids", ns).Output()
+		if len(strings.TrimSpace(string(out))) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the leftover process never entered %s", ns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	gone := exec.Command("true")
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
