@@ -230,10 +230,12 @@ func (f *Fleet) open(rec *berthv1.BuildHost) {
 	f.setLogin(rec)
 	in := rec.Spec.Instance
 	host := allocation.Host{Name: rec.Name, Platform: in.Platform, Capacity: in.Slots, SingleUse: !in.Pooled}
-	if in.Retire != "" {
+	if d := f.dynamic(config.Platform(in.Platform)); in.Retire != "" || (d != nil && outdated(in, d)) {
 		// Known to the ledger, closed: the planner terminates a retired VM once the ledger
 		// sees it free, and after a restart nothing else may put it there (a single-use VM
-		// whose task's record went just before the crash), so it would stay up for good.
+		// whose task's record went just before the crash), so it would stay up for good. A VM
+		// launched with settings the platform no longer has stays closed too, from the config
+		// change until the planner retires it in its record.
 		f.Ledger.PutRetiredHost(host)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/fleet"
 )
@@ -53,7 +54,7 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 			if tc.holder {
 				ledger.Restore(task, rec.Name, "linux/s390x") // the tasks' records are read first
 			}
-			f := &Fleet{Ledger: ledger, Tasks: noTasks{}}
+			f := &Fleet{Config: hostconfig.NewStore(), Ledger: ledger, Tasks: noTasks{}}
 			f.init()
 			f.open(rec) // the fleet's restore, or the VM loop's next pass over the ready record
 			platform := fleet.Platform{MaxInstances: 2, SlotsPerVM: rec.Spec.Instance.Slots, Pooled: tc.pooled}
@@ -81,5 +82,52 @@ func TestNothingIsDecidedBeforeTheConfigIsRead(t *testing.T) {
 	res, err := f.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "berth-system", Name: "vm-linux-s390x-abcde"}})
 	if err != nil || res.RequeueAfter <= 0 {
 		t.Fatalf("before the config is read: %+v, %v; want a retry soon and no error", res, err)
+	}
+}
+
+// TestOutdatedVMStaysClosed: once the platform's settings change, a ready VM launched with
+// the old ones takes no new task, neither at the change nor when the VM loop opens it again
+// before the planner has retired it in its record.
+func TestOutdatedVMStaysClosed(t *testing.T) {
+	settings := func(endpoint string) map[string]string {
+		return map[string]string{
+			"dynamic-pool-platforms": "linux/s390x", "dynamic.linux-s390x.type": "local-vm",
+			"dynamic.linux-s390x.endpoint": endpoint, "dynamic.linux-s390x.secret": "cloud",
+			"dynamic.linux-s390x.ssh-secret": "ssh", "dynamic.linux-s390x.max-instances": "2",
+			"dynamic.linux-s390x.concurrency": "2", "dynamic.linux-s390x.max-age": "60",
+		}
+	}
+	parse := func(endpoint string) *config.Config {
+		cfg, _ := config.Parse(settings(endpoint))
+		if !cfg.Usable("linux/s390x") {
+			t.Fatalf("the test's platform is not usable: %v", cfg.Fatal())
+		}
+		return cfg
+	}
+	old := parse("http://127.0.0.1:1")
+	store := hostconfig.NewStore()
+	store.Apply(old)
+	rec := &berthv1.BuildHost{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-linux-s390x-abcde", Namespace: "berth-system"},
+		Spec: berthv1.BuildHostSpec{Instance: &berthv1.InstanceSpec{Platform: "linux/s390x", Provider: "local-vm",
+			Settings: old.Dynamic["linux/s390x"].Settings, Slots: 2, Pooled: true, Attempt: 1}},
+		Status: berthv1.BuildHostStatus{Platform: "linux/s390x", Address: "198.18.1.2",
+			Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceReady, ID: "vm-1"}},
+	}
+	f := &Fleet{Config: store, Ledger: allocation.New(), Tasks: noTasks{}}
+	f.init()
+	f.open(rec)
+	if occ := f.Ledger.HostOccupancy(rec.Name); !occ.Known || occ.Retired {
+		t.Fatalf("a current VM: %+v; want it open", occ)
+	}
+	next := parse("http://127.0.0.1:2")
+	store.Apply(next)
+	f.configChanged(next)
+	if occ := f.Ledger.HostOccupancy(rec.Name); !occ.Retired {
+		t.Fatalf("after the settings changed: %+v; want it closed", occ)
+	}
+	f.open(rec) // the VM loop's next pass, before the planner wrote the retirement
+	if occ := f.Ledger.HostOccupancy(rec.Name); !occ.Retired {
+		t.Fatalf("opened again while outdated: %+v", occ)
 	}
 }
