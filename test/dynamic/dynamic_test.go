@@ -34,7 +34,7 @@ func dynamicTaskGetsFreshVM(t *testing.T, provider string) {
 	ns := namespace(t)
 	const platform = "linux/arm64"
 	useConfig(t, platform, devstack.DynamicSettings{Provider: provider, MaxInstances: 2})
-	launched := cloud().LaunchCount()
+	launched := launchesThrough(provider)
 	tr := task(t, ns, "build", platform)
 	secret, vm := vmOf(t, tr)
 	inst := machineOf(t, vm)
@@ -52,7 +52,7 @@ func dynamicTaskGetsFreshVM(t *testing.T, provider string) {
 	if err != nil || !strings.Contains(out, stacktest.Record(t, c(), tr).Status.BuildUser) {
 		t.Fatalf("the build user is not on the VM (err %v): %q", err, out)
 	}
-	if n := cloud().LaunchCount() - launched; n != 1 {
+	if n := launchesThrough(provider) - launched; n != 1 {
 		t.Fatalf("%d VMs launched for one task, want 1", n)
 	}
 	finish(t, tr)

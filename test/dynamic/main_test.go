@@ -121,6 +121,20 @@ func vmOf(t *testing.T, tr *pipelinev1.TaskRun) (*corev1.Secret, *berthv1.BuildH
 	return secret, &vm
 }
 
+// launchesThrough counts the instances launched through one provider's API: the EC2
+// stand-in's for aws, the local VM cloud's own for local-vm (its machines less EC2's). A VM
+// the other provider launched around a config change is not counted.
+func launchesThrough(provider string) int {
+	viaEC2 := map[string]bool{}
+	for _, inst := range stack.EC2.Instances() {
+		viaEC2[inst.MachineID] = true
+	}
+	if provider == devstack.ProviderAWS {
+		return len(viaEC2)
+	}
+	return cloud().LaunchCount() - len(viaEC2)
+}
+
 // machineOf finds the machine of a VM record in the cloud by its launch token, which every
 // provider passes on, whatever id its API gives the instance.
 func machineOf(t *testing.T, vm *berthv1.BuildHost) vmcloud.Instance {

@@ -234,6 +234,9 @@ func (f *Fleet) retire(ctx context.Context, rec *berthv1.BuildHost, reason strin
 
 // record writes the intent to launch one VM of the platform; the VM loop launches it.
 func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
+	if now := f.dynamic(d.Platform); now == nil || now.Type != d.Type || !maps.Equal(now.Settings, d.Settings) {
+		return nil // the config changed since this pass read it: the pass it kicked decides
+	}
 	p, err := f.provider(string(d.Platform))
 	if err != nil {
 		f.noteTrouble(string(d.Platform), err)
