@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -125,8 +126,25 @@ func Eventually(t *testing.T, what string, cond func() (bool, error)) {
 		return ok, nil
 	})
 	if err != nil {
+		dumpGoroutines(what)
 		t.Fatalf("never: %s (last error: %v)", what, last)
 	}
+}
+
+// dumpGoroutines writes every goroutine's stack beside the controller's log (BERTH_TEST_LOG),
+// when it is kept: what the controller was stuck on when a wait ran out.
+func dumpGoroutines(what string) {
+	path := os.Getenv("BERTH_TEST_LOG")
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path+".goroutines", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "=== never: %s at %s\n", what, time.Now().Format(time.RFC3339))
+	pprof.Lookup("goroutine").WriteTo(f, 2)
 }
 
 // AdminPublicKeys are the public halves of every private key kept in a namespace's Secrets:
