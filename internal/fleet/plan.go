@@ -31,7 +31,8 @@ type VM struct {
 	// SingleUse VMs serve one task; once Used they are retired by the reservation itself.
 	SingleUse bool
 	// Outdated VMs were launched with settings the platform no longer has (another image,
-	// type or region): they take no new task, like VMs past max-age.
+	// type or region): they take no new task, like VMs past max-age, whether or not they
+	// are closed already (the controller closes them at the config change).
 	Outdated bool
 	ReadyAt  time.Time
 }
@@ -87,6 +88,8 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 	for _, vm := range vms {
 		switch {
 		case vm.Phase == Terminating:
+		case vm.Phase == Ready && vm.Outdated && !p.Removed:
+			end(vm, "launched with settings the platform no longer has")
 		case vm.Retired:
 			if vm.Used == 0 && vm.Phase == Ready {
 				d.Terminate = append(d.Terminate, Retirement{Name: vm.Name})
@@ -95,8 +98,6 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 			end(vm, "its platform is no longer a dynamic platform in the host configuration")
 		case vm.Phase == Ready && p.MaxAge > 0 && now.Sub(vm.ReadyAt) > p.MaxAge:
 			end(vm, "older than max-age ("+p.MaxAge.String()+")")
-		case vm.Phase == Ready && vm.Outdated:
-			end(vm, "launched with settings the platform no longer has")
 		case vm.Phase == Ready:
 			free += max(0, vm.Slots-vm.Used)
 			if vm.Used == 0 {

@@ -48,6 +48,8 @@ func TestPlan(t *testing.T) {
 		{name: "outdated VMs: busy ones retire, free ones go, new ones serve the queue", p: with(pool, func(p *Platform) { p.Queued = 2; p.MaxInstances = 5 }),
 			vms:    []VM{{Name: "a", Phase: Ready, Slots: 3, Used: 1, Outdated: true, ReadyAt: fresh}, {Name: "b", Phase: Ready, Slots: 3, Outdated: true, ReadyAt: fresh}},
 			retire: []string{"a"}, terminate: []string{"b"}, launch: 1},
+		{name: "outdated VMs already closed still go for that reason", p: pool,
+			vms: []VM{{Name: "a", Phase: Ready, Slots: 3, Outdated: true, Retired: true, ReadyAt: fresh}}, terminate: []string{"a"}},
 		{name: "paused platform launches nothing", p: with(dyn, func(p *Platform) { p.Queued = 2; p.Paused = true })},
 	}
 	for _, c := range cases {

@@ -79,6 +79,10 @@ type Provider struct {
 	// rotated key takes effect at the next call and IAM tokens are reused between calls.
 	apiKey string
 	svc    *vpcv1.VpcV1
+	// net is the VPC, subnet, key and zone the names in the config resolved to, once found:
+	// they stay while the settings do (a new provider comes with new settings). A launch the
+	// cloud refuses as misconfigured forgets them, in case they were deleted and made anew.
+	net *network
 }
 
 var zoneRe = regexp.MustCompile(`^([a-z]+-[a-z]+)-[0-9]+$`)
@@ -212,7 +216,7 @@ func (p *Provider) Launch(ctx context.Context, req cloud.LaunchRequest) (cloud.I
 		return cloud.Instance{}, err
 	}
 	name := instanceName(req.Tags, req.Token)
-	net, err := p.resolve(ctx, svc, op)
+	net, err := p.network(ctx, svc, op)
 	if err != nil {
 		return cloud.Instance{}, err
 	}
@@ -222,6 +226,9 @@ func (p *Provider) Launch(ctx context.Context, req cloud.LaunchRequest) (cloud.I
 	}
 	if inst == nil {
 		if inst, err = p.create(ctx, svc, net, name); err != nil {
+			if k := cloud.KindOf(err); k == cloud.BadConfig || k == cloud.NotFound {
+				p.forgetNetwork()
+			}
 			return cloud.Instance{}, err
 		}
 	}
@@ -283,14 +290,14 @@ func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.In
 	if err != nil {
 		return nil, err
 	}
-	vpc, err := p.resolveVPC(ctx, svc, op)
+	net, err := p.network(ctx, svc, op)
 	if err != nil {
 		return nil, err
 	}
 	prefix := namePrefix(tags)
 	var ours []*vpcv1.Instance
 	for start := (*string)(nil); ; {
-		page, resp, err := svc.ListInstancesWithContext(ctx, &vpcv1.ListInstancesOptions{VPCID: vpc.ID, Start: start})
+		page, resp, err := svc.ListInstancesWithContext(ctx, &vpcv1.ListInstancesOptions{VPCID: &net.vpcID, Start: start})
 		if err != nil {
 			return nil, p.failure(op, resp, err)
 		}
@@ -388,6 +395,30 @@ type network struct {
 	// resourceGroupID is the VPC's group: instances go where the VPC is, as upstream put them,
 	// so that IAM policies scoped to that group cover them.
 	resourceGroupID string
+}
+
+// network returns what the config's names resolved to, resolving them at the first call.
+func (p *Provider) network(ctx context.Context, svc *vpcv1.VpcV1, op string) (network, error) {
+	p.mu.Lock()
+	known := p.net
+	p.mu.Unlock()
+	if known != nil {
+		return *known, nil
+	}
+	n, err := p.resolve(ctx, svc, op)
+	if err != nil {
+		return network{}, err
+	}
+	p.mu.Lock()
+	p.net = &n
+	p.mu.Unlock()
+	return n, nil
+}
+
+func (p *Provider) forgetNetwork() {
+	p.mu.Lock()
+	p.net = nil
+	p.mu.Unlock()
 }
 
 // resolve finds the VPC, the subnet and the SSH key the config names (by name, as real

@@ -65,11 +65,12 @@ type Fleet struct {
 	logins map[string]berthv1.HostLogin // ready VMs by record name
 	// specs are the ready VMs' instance specs, to close at once those a config change
 	// makes outdated.
-	specs     map[string]*berthv1.InstanceSpec
-	trouble   map[string]trouble       // platform → last launch failure
-	providers map[string]providerEntry // platform → provider built from its settings
-	// launchedWith holds providers of VMs launched with settings the platform no longer has.
-	launchedWith map[string]cloud.Provider
+	specs   map[string]*berthv1.InstanceSpec
+	trouble map[string]trouble // platform → last launch failure
+	// built holds providers by platform, type and settings (see providerSpec); lastSpec is
+	// each platform's spec from the config, kept after the platform leaves it.
+	built        map[string]cloud.Provider
+	lastSpec     map[string]providerSpec
 	installation string
 }
 
@@ -95,7 +96,8 @@ func (f *Fleet) init() {
 		f.logins = map[string]berthv1.HostLogin{}
 		f.specs = map[string]*berthv1.InstanceSpec{}
 		f.trouble = map[string]trouble{}
-		f.providers = map[string]providerEntry{}
+		f.built = map[string]cloud.Provider{}
+		f.lastSpec = map[string]providerSpec{}
 	}
 }
 

@@ -143,10 +143,6 @@ func (f *Fleet) plan(ctx context.Context, platform string, p fleet.Platform, rec
 		byName[rec.Name] = rec
 		vm := f.snapshot(rec)
 		vm.Outdated = d != nil && outdated(rec.Spec.Instance, d)
-		if vm.Outdated && rec.Spec.Instance.Retire == "" {
-			// Closed in the ledger when the config changed; the plan retires it with a reason.
-			vm.Retired = false
-		}
 		vms = append(vms, vm)
 	}
 	decision := fleet.Plan(p, vms, f.now())

@@ -22,35 +22,53 @@ import (
 // InstallationConfigMap holds this installation's id, made once at berth's first start.
 const InstallationConfigMap = "berth-installation"
 
-type providerEntry struct {
-	typ      string
-	settings map[string]string
-	provider cloud.Provider
+// providerSpec is what a provider is built from: a platform's type and settings, from the
+// config in force or as a VM was launched with them.
+type providerSpec struct {
+	platform, typ string
+	settings      map[string]string
+}
+
+func (s providerSpec) key() string {
+	var b strings.Builder
+	b.WriteString(s.platform + "\x00" + s.typ)
+	for _, k := range slices.Sorted(maps.Keys(s.settings)) {
+		fmt.Fprintf(&b, "\x00%s=%s", k, s.settings[k])
+	}
+	return b.String()
+}
+
+// build returns the provider of spec, made at its first use.
+func (f *Fleet) build(spec providerSpec) (cloud.Provider, error) {
+	key := spec.key()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p, ok := f.built[key]; ok {
+		return p, nil
+	}
+	p, err := cloud.New(spec.typ, cloud.Settings{Platform: spec.platform, Values: maps.Clone(spec.settings), Secret: f.Secret})
+	if err != nil {
+		return nil, fmt.Errorf("platform %s: %w", spec.platform, err)
+	}
+	f.built[key] = p
+	return p, nil
 }
 
 // provider returns the platform's provider, built from its settings in the config in force
 // (or, for a platform no longer configured, the last settings it had: its VMs must still be
 // terminated).
 func (f *Fleet) provider(platform string) (cloud.Provider, error) {
-	d := f.dynamic(config.Platform(platform))
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	e, ok := f.providers[platform]
-	if d == nil {
-		if !ok {
-			return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s is not a dynamic platform in berth's host configuration", platform)
-		}
-		return e.provider, nil
+	spec, known := f.lastSpec[platform]
+	if d := f.dynamic(config.Platform(platform)); d != nil {
+		spec, known = providerSpec{platform: platform, typ: d.Type, settings: d.Settings}, true
+		f.lastSpec[platform] = spec
 	}
-	if ok && e.typ == d.Type && maps.Equal(e.settings, d.Settings) {
-		return e.provider, nil
+	f.mu.Unlock()
+	if !known {
+		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s is not a dynamic platform in berth's host configuration", platform)
 	}
-	p, err := cloud.New(d.Type, cloud.Settings{Platform: platform, Values: maps.Clone(d.Settings), Secret: f.Secret})
-	if err != nil {
-		return nil, fmt.Errorf("platform %s: %w", platform, err)
-	}
-	f.providers[platform] = providerEntry{typ: d.Type, settings: maps.Clone(d.Settings), provider: p}
-	return p, nil
+	return f.build(spec)
 }
 
 // providerOf returns the provider a VM was launched through, built from the settings kept in
@@ -61,34 +79,7 @@ func (f *Fleet) providerOf(rec *berthv1.BuildHost) (cloud.Provider, error) {
 	if in.Settings == nil {
 		return f.provider(in.Platform)
 	}
-	if d := f.dynamic(config.Platform(in.Platform)); d != nil && !outdated(in, d) {
-		return f.provider(in.Platform)
-	}
-	key := launchedKey(in)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p, ok := f.launchedWith[key]; ok {
-		return p, nil
-	}
-	p, err := cloud.New(in.Provider, cloud.Settings{Platform: in.Platform, Values: maps.Clone(in.Settings), Secret: f.Secret})
-	if err != nil {
-		return nil, fmt.Errorf("platform %s, as VM %s was launched: %w", in.Platform, rec.Name, err)
-	}
-	if f.launchedWith == nil {
-		f.launchedWith = map[string]cloud.Provider{}
-	}
-	f.launchedWith[key] = p
-	return p, nil
-}
-
-// launchedKey identifies a provider type and settings.
-func launchedKey(in *berthv1.InstanceSpec) string {
-	var b strings.Builder
-	b.WriteString(in.Provider)
-	for _, k := range slices.Sorted(maps.Keys(in.Settings)) {
-		fmt.Fprintf(&b, "\x00%s=%s", k, in.Settings[k])
-	}
-	return b.String()
+	return f.build(providerSpec{platform: in.Platform, typ: in.Provider, settings: in.Settings})
 }
 
 // installationID reads this installation's id, or makes it at the first start.
