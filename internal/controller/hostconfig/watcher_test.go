@@ -124,6 +124,8 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 		cfg := store.Config()
 		return cfg != nil && len(cfg.HostsFor("linux/s390x")) == 2 && cfg.Usable("linux/arm64")
 	})
+	// The metrics are set just after the config is put in force.
+	eventually(t, "berth_config_valid is 1", func() bool { return testutil.ToFloat64(configValid) == 1 })
 	if v := testutil.ToFloat64(configValid); v != 1 {
 		t.Fatalf("berth_config_valid = %v after a valid config, want 1", v)
 	}
@@ -156,6 +158,8 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 	if cfg.Usable("linux/riscv64") || len(cfg.Broken("linux/riscv64")) != 1 {
 		t.Errorf("linux/riscv64, added bare, must be unusable and say why: %v", cfg.Broken("linux/riscv64"))
 	}
+	// The metrics are set just after the config is put in force.
+	eventually(t, "berth_config_valid is 0", func() bool { return testutil.ToFloat64(configValid) == 0 })
 	if v := testutil.ToFloat64(configValid); v != 0 {
 		t.Errorf("berth_config_valid = %v with broken parts, want 0", v)
 	}
@@ -205,6 +209,8 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 		cfg := store.Config()
 		return cfg != nil && cfg.Host("s390x-1").Concurrency == 3
 	})
+	// The metrics are set just after the config is put in force.
+	eventually(t, "berth_config_valid is 1", func() bool { return testutil.ToFloat64(configValid) == 1 })
 	if v := testutil.ToFloat64(configValid); v != 1 {
 		t.Fatalf("berth_config_valid = %v after the fix, want 1", v)
 	}
