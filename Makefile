@@ -30,8 +30,8 @@ vet:
 	@test -z "$$(gofmt -l cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
 
 ## test: every test, on a real control plane and real SSH hosts. The taskrun suite runs on its
-## own first: its waits for hand-overs have stalled under the CPU of the other stack suites
-## running beside it (see the README, "The two commands").
+## own first: its waits for hand-overs stalled more often with the other stack suites
+## beside it (see the README, "The two commands").
 SOLO_PKG := ./internal/controller/taskrun
 test: prereqs testbin vet
 	$(GO) test -count=1 -timeout 30m $(SOLO_PKG)
