@@ -29,13 +29,9 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
 
-## test: every test, on a real control plane and real SSH hosts. The taskrun suite runs on its
-## own first: its waits for hand-overs stalled more often with the other stack suites
-## beside it (see the README, "The two commands").
-SOLO_PKG := ./internal/controller/taskrun
+## test: every test, on a real control plane and real SSH hosts
 test: prereqs testbin vet
-	$(GO) test -count=1 -timeout 30m $(SOLO_PKG)
-	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/internal/controller/taskrun$$')
+	$(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
 ## fuzz: each fuzz target for FUZZTIME (make test replays only their seed corpora)

@@ -50,12 +50,10 @@ func TestAFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 	for i := range 12 {
 		floods = append(floods, create(t, userTaskRun(flood, fmt.Sprintf("f-%02d", i), platform, "")))
 	}
-	for _, tr := range floods[:stackHosts] {
-		phaseIs(t, tr, berthv1.PhaseReady)
-	}
+	served, _ := servedAndWaiting(t, floods, stackHosts)
 	lone := create(t, userTaskRun(quiet, "lone", platform, ""))
 	phaseIs(t, lone, berthv1.PhaseWaiting)
-	finish(t, floods[0])
+	finish(t, served[0])
 	phaseIs(t, lone, berthv1.PhaseReady)
 	if n := holding(t, flood); n != stackHosts-1 {
 		t.Fatalf("the flooding namespace holds %d slots after the quiet one was served, want %d", n, stackHosts-1)
@@ -79,16 +77,15 @@ func TestNamespaceCapLeavesSlotsForOthers(t *testing.T) {
 	for i := range 5 {
 		greedies = append(greedies, create(t, userTaskRun(greedy, fmt.Sprintf("g-%d", i), platform, "")))
 	}
-	phaseIs(t, greedies[0], berthv1.PhaseReady)
-	phaseIs(t, greedies[1], berthv1.PhaseReady)
-	phaseIs(t, greedies[4], berthv1.PhaseWaiting)
+	served, waiting := servedAndWaiting(t, greedies, 2)
 	o := create(t, userTaskRun(other, "o", platform, ""))
 	phaseIs(t, o, berthv1.PhaseReady)
 	if n := holding(t, greedy); n != 2 {
 		t.Fatalf("the capped namespace holds %d slots, want 2", n)
 	}
-	finish(t, greedies[0])
-	phaseIs(t, greedies[2], berthv1.PhaseReady)
+	finish(t, served[0])
+	// The waiters were created in order, so the first of them is served next.
+	phaseIs(t, waiting[0], berthv1.PhaseReady)
 	if n := holding(t, greedy); n != 2 {
 		t.Fatalf("after one task ended the capped namespace holds %d slots, want 2", n)
 	}

@@ -87,17 +87,14 @@ func TestRestartWhileWaiting(t *testing.T) {
 	for i := range stackHosts + 1 {
 		trs = append(trs, create(t, userTaskRun(ns, fmt.Sprintf("w-%d", i), platform, "")))
 	}
-	for _, tr := range trs[:stackHosts] {
-		secretOf(t, tr)
-	}
-	last := trs[stackHosts]
-	phaseIs(t, last, berthv1.PhaseWaiting)
+	served, waiting := servedAndWaiting(t, trs, stackHosts)
+	last := waiting[0]
 	restartController(t, controllerOptions())
-	finish(t, trs[0])
+	finish(t, served[0])
 	if s := secretOf(t, last); len(s.Data["id_rsa"]) == 0 {
 		t.Fatalf("the waiter got no host after the restart: %v", s.Data["error"])
 	}
-	for _, tr := range trs[1:] {
+	for _, tr := range append(served[1:], last) {
 		finish(t, tr)
 	}
 	settled(t, ns)

@@ -90,6 +90,32 @@ func create(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	return tr
 }
 
+// servedAndWaiting waits until n of trs hold a host and the rest wait in the queue, and
+// returns both in trs's order. Which tasks are served first is not the order they were created
+// in: berth meets a TaskRun only once Tekton has resolved its spec, and Tekton resolves them
+// in no set order, so a later one can take a free slot first. Among waiters, the order holds.
+func servedAndWaiting(t *testing.T, trs []*pipelinev1.TaskRun, n int) (served, waiting []*pipelinev1.TaskRun) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d of %d tasks hold a host and the rest wait", n, len(trs)), func() (bool, error) {
+		served, waiting = nil, nil
+		for _, tr := range trs {
+			var rec berthv1.Allocation
+			err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
+			if err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			switch rec.Status.Phase {
+			case berthv1.PhaseReady:
+				served = append(served, tr)
+			case berthv1.PhaseWaiting:
+				waiting = append(waiting, tr)
+			}
+		}
+		return len(served) == n && len(waiting) == len(trs)-n, fmt.Errorf("%d ready, %d waiting", len(served), len(waiting))
+	})
+	return served, waiting
+}
+
 func eventually(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
 	stacktest.Eventually(t, what, cond)
