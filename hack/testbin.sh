@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, etcd and kube-controller-manager from the module proxy into
-# bin/k8s/<k8s version>/, the directory envtest and `berth dev` read. A warm cache is a no-op:
+# Builds kube-apiserver, etcd, kube-controller-manager and kubectl from the module proxy into
+# bin/k8s/<k8s version>/, the directory envtest and `berth dev` read (kubectl is what the Tekton
+# stand-in gives steps of the kubectl image). A warm cache is a no-op:
 # each binary is rebuilt only when missing. Cold, on 2 cores, this takes ~4 minutes and ~2 GB
 # of RAM.
 set -euo pipefail
@@ -11,8 +12,10 @@ minor=$(echo "$k8s_version" | cut -d. -f2)
 out="$root/bin/k8s/${k8s_version#v}"
 mkdir -p "$out"
 pkg=k8s.io/component-base/version
+client=k8s.io/client-go/pkg/version
 ldflags="-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-for bin in etcd kube-apiserver kube-controller-manager; do
+ldflags="$ldflags -X $client.gitVersion=$k8s_version -X $client.gitMajor=1 -X $client.gitMinor=$minor"
+for bin in etcd kube-apiserver kube-controller-manager kubectl; do
   if [ -x "$out/$bin" ]; then
     continue
   fi

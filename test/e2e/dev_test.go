@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -114,7 +115,12 @@ func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
 	if !runsBinary(children, "kube-controller-manager") {
 		t.Fatalf("no kube-controller-manager under berth dev: owner references would never be followed there, nor deleted namespaces go")
 	}
-	if !strings.Contains(readFile(t, "/proc/self/mountinfo"), hostName) {
+	// The host's slot (and so its name) may go to a stack of another test package the moment
+	// berth dev frees it: what must not outlive berth dev is this namespace and these mounts,
+	// told apart by the namespace's inode and the exact mountinfo lines.
+	netnsIno := inode(t, filepath.Join("/run/netns", hostName))
+	ourMounts := linesWith(readFile(t, "/proc/self/mountinfo"), hostName)
+	if len(ourMounts) == 0 {
 		t.Fatalf("the host's network namespace is not mounted under /run/netns")
 	}
 
@@ -135,15 +141,39 @@ func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
 			t.Errorf("process %d (%s) outlived berth dev", pid, readFile(t, "/proc/"+strconv.Itoa(pid)+"/comm"))
 		}
 	}
-	if netns, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(netns), hostName+" ") || strings.Contains(string(netns), hostName+"\n") {
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join("/run/netns", hostName), &st); err == nil && st.Ino == netnsIno {
 		t.Errorf("network namespace %s outlived berth dev", hostName)
 	}
-	if strings.Contains(readFile(t, "/proc/self/mountinfo"), hostName) {
-		t.Errorf("a mount of %s outlived berth dev", hostName)
+	for _, line := range linesWith(readFile(t, "/proc/self/mountinfo"), hostName) {
+		if slices.Contains(ourMounts, line) {
+			t.Errorf("a mount of %s outlived berth dev: %s", hostName, line)
+		}
 	}
 	if _, err := os.Stat(kubeconfig); !os.IsNotExist(err) {
 		t.Errorf("the kubeconfig outlived berth dev (stat: %v)", err)
 	}
+}
+
+// inode is the inode number of path (a network namespace's, for a bind mount under /run/netns).
+func inode(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// linesWith returns the lines of text that contain s.
+func linesWith(text, s string) []string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 func submatch(t *testing.T, s, pattern string) string {
