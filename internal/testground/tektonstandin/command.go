@@ -45,7 +45,11 @@ func (s *StandIn) StepCommand(run func(ctx context.Context, args []string) error
 		if err != nil {
 			return nil, err
 		}
-		if _, _, err := s.materialise(ctx, tr, rs, dir); err != nil {
+		pod, err := s.podOf(ctx, tr)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, err := s.materialise(ctx, tr, pod, rs, dir); err != nil {
 			return nil, err
 		}
 		var args []string

@@ -14,9 +14,11 @@
 // Steps see what Tekton gives them (spec.go): params with defaults, array params expanded in
 // args, $(context…), $(results…) and /tekton/results, $(workspaces…), stepTemplate env and
 // volume mounts, optional and projected volumes, the ServiceAccount's registry credentials in
-// $HOME/.docker, Tekton's default timeout of an hour. A TaskRun that uses a feature the
-// stand-in does not implement fails at once with reason StandInUnsupported and a message
-// naming the feature; none is left Running without a word.
+// $HOME/.docker, Tekton's default timeout of an hour. As in a real pod, a step acts as the
+// TaskRun's ServiceAccount through rest.InClusterConfig (incluster.go), and a step of an
+// image given in Options.Images finds that image's programs on its PATH (images.go). A
+// TaskRun that uses a feature the stand-in does not implement fails at once with reason
+// StandInUnsupported and a message naming the feature; none is left Running without a word.
 package tektonstandin
 
 import (
@@ -65,12 +67,26 @@ type Options struct {
 	// StepOutput, if set, also receives the output of step scripts, each line prefixed with
 	// its TaskRun and step.
 	StepOutput io.Writer
+	// Images gives images their programs: image reference → directory of this machine. A
+	// step of a listed image finds the directory's files bound read-only into
+	// /usr/local/bin, as a container of the image would find the image's programs on its
+	// PATH (ghcr.io/berth-ci/berth → a directory holding a freshly built `berth`). A
+	// reference without tag or digest matches every tag and digest of its repository, one
+	// with a tag matches that tag (a step image with neither tag nor digest is :latest),
+	// one with a digest only that digest; the most specific match wins. Short names resolve
+	// as a container runtime resolves them (busybox is docker.io/library/busybox). A step of
+	// an image not listed runs with the machine's programs alone.
+	Images map[string]string
 }
 
 // StandIn plays Tekton's part against a real apiserver.
 type StandIn struct {
 	opts   Options
 	client client.Client
+	// reader reads past the cache: the pod a run binds its tokens to, the ServiceAccount
+	// that decides whether it gets one, both possibly created a moment before.
+	reader    client.Reader
+	apiserver apiServer
 
 	mu        sync.Mutex
 	executors map[string]Executor
@@ -120,6 +136,11 @@ func (s *StandIn) Start(ctx context.Context, cfg *rest.Config) error {
 	} else if err := os.MkdirAll(s.opts.WorkDir, 0o700); err != nil {
 		return err
 	}
+	api, err := apiServerOf(cfg)
+	if err != nil {
+		return fmt.Errorf("tekton stand-in: %w", err)
+	}
+	s.apiserver = api
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 s.opts.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -128,7 +149,7 @@ func (s *StandIn) Start(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return fmt.Errorf("tekton stand-in manager: %w", err)
 	}
-	s.client = mgr.GetClient()
+	s.client, s.reader = mgr.GetClient(), mgr.GetAPIReader()
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &pipelinev1.TaskRun{}, secretIndex, indexSecrets); err != nil {
 		return err
 	}
@@ -240,17 +261,22 @@ func (s *StandIn) resolve(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	return s.client.Status().Update(ctx, tr)
 }
 
-// ensurePod creates the Pod object Tekton would: nothing runs it, but its containers, volumes
-// and owner are what a real cluster would show. The namespace's ServiceAccount is created if
-// absent, because no controller-manager runs here to do it and admission refuses pods
-// without one.
+// ensurePod creates the Pod object Tekton would, as admitted by a real apiserver: nothing
+// runs it, but its containers, volumes (the ServiceAccount token's included, see
+// incluster.go) and owner are what a real cluster would show. The namespace's
+// ServiceAccount is created if absent, because no controller-manager runs here to do it and
+// admission refuses pods without one.
 func (s *StandIn) ensurePod(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec) error {
 	sa := serviceAccountOf(tr)
 	account := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: tr.Namespace}}
-	if err := s.client.Create(ctx, account); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating service account %s/%s: %w", tr.Namespace, sa, err)
+	err := s.client.Create(ctx, account)
+	if apierrors.IsAlreadyExists(err) {
+		err = s.reader.Get(ctx, client.ObjectKeyFromObject(account), account)
 	}
-	pod := podFor(tr, sa, rs)
+	if err != nil {
+		return fmt.Errorf("service account %s/%s: %w", tr.Namespace, sa, err)
+	}
+	pod := podFor(tr, account, rs)
 	if err := ctrl.SetControllerReference(tr, pod, s.opts.Scheme); err != nil {
 		return err
 	}
@@ -262,7 +288,7 @@ func (s *StandIn) ensurePod(ctx context.Context, tr *pipelinev1.TaskRun, rs *run
 
 // podFor is the TaskRun's pod: its steps as built for the run when there is one, else as the
 // task writes them.
-func podFor(tr *pipelinev1.TaskRun, serviceAccount string, rs *runSpec) *corev1.Pod {
+func podFor(tr *pipelinev1.TaskRun, sa *corev1.ServiceAccount, rs *runSpec) *corev1.Pod {
 	steps, volumes := tr.Status.TaskSpec.Steps, podVolumes(tr)
 	var wsMounts []corev1.VolumeMount
 	if rs != nil {
@@ -282,11 +308,13 @@ func podFor(tr *pipelinev1.TaskRun, serviceAccount string, rs *runSpec) *corev1.
 			Labels:    map[string]string{"tekton.dev/taskRun": tr.Name},
 		},
 		Spec: corev1.PodSpec{
-			ServiceAccountName:           serviceAccount,
-			AutomountServiceAccountToken: ptr(false),
-			RestartPolicy:                corev1.RestartPolicyNever,
-			Volumes:                      volumes,
+			ServiceAccountName: sa.Name,
+			RestartPolicy:      corev1.RestartPolicyNever,
+			Volumes:            volumes,
 		},
+	}
+	if pt := tr.Spec.PodTemplate; pt != nil {
+		pod.Spec.AutomountServiceAccountToken = pt.AutomountServiceAccountToken // as Tekton copies it
 	}
 	for i, step := range steps {
 		image := step.Image
@@ -303,6 +331,9 @@ func podFor(tr *pipelinev1.TaskRun, serviceAccount string, rs *runSpec) *corev1.
 			EnvFrom:      step.EnvFrom,
 			VolumeMounts: append(append([]corev1.VolumeMount{}, step.VolumeMounts...), wsMounts...),
 		})
+	}
+	if automountsToken(tr, sa) {
+		mountServiceAccountToken(pod)
 	}
 	return pod
 }

@@ -3,6 +3,7 @@ package tektonstandin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -23,11 +24,25 @@ import (
 var (
 	cp      *controlplane.ControlPlane
 	standIn *StandIn
+	// berthImageDir holds the programs of berthImage's steps (see Options.Images); a test
+	// builds into it what it needs.
+	berthImageDir string
 )
 
+// berthImage is the repository of berth's own image (config/manager/deployment.yaml); the
+// stand-in gives every tag and digest of it the programs of berthImageDir.
+const berthImage = "ghcr.io/berth-ci/berth"
+
 func TestMain(m *testing.M) {
-	os.Exit(controlplane.RunTests(m, &cp, func(ctx context.Context) error {
-		standIn = New(Options{Scheme: controlplane.Scheme(), RunScripts: func(*pipelinev1.TaskRun) bool { return true }})
+	dir, err := os.MkdirTemp("", "berth-standin-image-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	berthImageDir = dir
+	code := controlplane.RunTests(m, &cp, func(ctx context.Context) error {
+		standIn = New(Options{Scheme: controlplane.Scheme(), RunScripts: func(*pipelinev1.TaskRun) bool { return true },
+			Images: map[string]string{berthImage: berthImageDir}})
 		standIn.Register("fake-provision", func(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
 			if tr.Spec.Params[0].Value.StringVal == "unreachable" {
 				return nil, errors.New("host unreachable did not answer")
@@ -40,7 +55,9 @@ func TestMain(m *testing.M) {
 			}
 		}()
 		return nil
-	}))
+	})
+	_ = os.RemoveAll(berthImageDir)
+	os.Exit(code)
 }
 
 func namespace(t *testing.T) string {

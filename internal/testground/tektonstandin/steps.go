@@ -23,8 +23,10 @@ import (
 
 // runSteps runs a TaskRun's steps in order, each as a local process in a sandbox of its own
 // (see sandbox.go), the way its pod would: volumes and workspaces laid out as the kubelet
-// would, Tekton's variables substituted, the ServiceAccount's registry credentials in
-// $HOME/.docker, and the files under /tekton/results become the TaskRun's results.
+// would, the ServiceAccount's token where rest.InClusterConfig finds it (incluster.go),
+// the programs of the step's image on its PATH (images.go), Tekton's variables
+// substituted, the ServiceAccount's registry credentials in $HOME/.docker, and the files
+// under /tekton/results become the TaskRun's results.
 func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the tekton stand-in runs step scripts only as root: each step needs its own mount namespace")
@@ -49,18 +51,26 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (map[str
 	if err := s.writeCredentials(ctx, tr, filepath.Join(tekton, "creds")); err != nil {
 		return nil, err
 	}
-	volumes, workspaces, err := s.materialise(ctx, tr, rs, dir)
+	pod, err := s.podOf(ctx, tr)
+	if err != nil {
+		return nil, err
+	}
+	volumes, workspaces, err := s.materialise(ctx, tr, pod, rs, dir)
+	if err != nil {
+		return nil, err
+	}
+	podMounts, err := s.serviceAccountMounts(ctx, tr, rs, pod, filepath.Join(dir, "serviceaccount"))
 	if err != nil {
 		return nil, err
 	}
 	for i, step := range rs.steps {
+		name := stepName(step.Name, i)
 		stepCtx, cancel := ctx, context.CancelFunc(func() {})
 		if step.Timeout != nil && step.Timeout.Duration > 0 {
 			stepCtx, cancel = context.WithTimeout(ctx, step.Timeout.Duration)
 		}
-		code, err := s.runStep(stepCtx, tr, rs, i, volumes, workspaces, dir)
+		code, err := s.runStep(stepCtx, tr, rs, i, volumes, workspaces, podMounts[name], dir)
 		cancel()
-		name := stepName(step.Name, i)
 		if code >= 0 {
 			if werr := os.WriteFile(filepath.Join(tekton, "steps", name, "exitCode"), []byte(strconv.Itoa(code)), 0o644); werr != nil {
 				return nil, werr
@@ -90,9 +100,10 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (map[str
 	return results, nil
 }
 
-// runStep runs one step and returns its exit code (-1 if it never started).
+// runStep runs one step and returns its exit code (-1 if it never started). podMounts are the
+// step's mounts of what the pod adds to the task's volumes (its ServiceAccount token).
 func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec, index int,
-	volumes, workspaces map[string]mountSource, dir string) (int, error) {
+	volumes, workspaces map[string]mountSource, podMounts []sandboxMount, dir string) (int, error) {
 	step := rs.steps[index]
 	name := stepName(step.Name, index)
 	env, err := s.stepEnv(ctx, tr, rs, step)
@@ -145,6 +156,12 @@ func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSp
 		}
 		mounts = append(mounts, sandboxMount{source: src.path, target: m.MountPath, readOnly: src.readOnly || m.ReadOnly})
 	}
+	mounts = append(mounts, podMounts...)
+	programs, err := s.imageMounts(step.Image)
+	if err != nil {
+		return -1, err
+	}
+	mounts = append(mounts, programs...)
 
 	logPath := filepath.Join(s.opts.WorkDir, "logs", fmt.Sprintf("%s_%s_%s.log", tr.Namespace, tr.Name, step.Name))
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
@@ -180,10 +197,11 @@ var baseEnv = []corev1.EnvVar{
 	{Name: "HOME", Value: "/root"},
 }
 
-// stepEnv builds a step's environment as the kubelet does: envFrom first, then env in order,
-// each value able to refer to the ones before it as $(NAME); a podTemplate's env sits below
-// the step's own. A required Secret or ConfigMap key that is missing fails the run, as
-// CreateContainerConfigError fails a Tekton TaskRun.
+// stepEnv builds a step's environment as the kubelet does: the kubernetes Service's
+// variables first, then envFrom, then env in order, each value able to refer to the ones
+// before it as $(NAME); a podTemplate's env sits below the step's own. A required Secret or
+// ConfigMap key that is missing fails the run, as CreateContainerConfigError fails a Tekton
+// TaskRun.
 func (s *StandIn) stepEnv(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec, step pipelinev1.Step) ([]string, error) {
 	var names []string
 	values := map[string]string{}
@@ -193,7 +211,7 @@ func (s *StandIn) stepEnv(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSp
 		}
 		values[name] = value
 	}
-	for _, e := range baseEnv {
+	for _, e := range append(append([]corev1.EnvVar{}, baseEnv...), s.apiserver.serviceEnv()...) {
 		set(e.Name, e.Value)
 	}
 	for _, from := range step.EnvFrom {

@@ -8,10 +8,8 @@ import (
 	"sort"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -119,13 +117,22 @@ func (s *StandIn) missingObjects(ctx context.Context, namespace string, rs *runS
 	return missing, nil
 }
 
+// podOf is the TaskRun's pod, which ensurePod created before any of its work started.
+func (s *StandIn) podOf(ctx context.Context, tr *pipelinev1.TaskRun) (*corev1.Pod, error) {
+	var pod corev1.Pod
+	if err := s.reader.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: tr.Status.PodName}, &pod); err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", tr.Namespace, tr.Status.PodName, err)
+	}
+	return &pod, nil
+}
+
 // materialise lays out every volume and bound workspace of the run under dir, the way the
 // kubelet would before the pod's first container starts: volume name → source, and
 // workspace name → source.
-func (s *StandIn) materialise(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSpec, dir string) (volumes, workspaces map[string]mountSource, err error) {
+func (s *StandIn) materialise(ctx context.Context, tr *pipelinev1.TaskRun, pod *corev1.Pod, rs *runSpec, dir string) (volumes, workspaces map[string]mountSource, err error) {
 	volumes, workspaces = map[string]mountSource{}, map[string]mountSource{}
 	for _, v := range rs.volumes {
-		src, err := s.materialiseVolume(ctx, tr, v, filepath.Join(dir, "volumes", v.Name))
+		src, err := s.materialiseVolume(ctx, tr, pod, v, filepath.Join(dir, "volumes", v.Name))
 		if err != nil {
 			return nil, nil, fmt.Errorf("volume %s: %w", v.Name, err)
 		}
@@ -135,7 +142,7 @@ func (s *StandIn) materialise(ctx context.Context, tr *pipelinev1.TaskRun, rs *r
 		if w.binding == nil {
 			continue
 		}
-		src, err := s.materialiseVolume(ctx, tr, workspaceVolume(w), filepath.Join(dir, "workspaces", w.decl.Name))
+		src, err := s.materialiseVolume(ctx, tr, pod, workspaceVolume(w), filepath.Join(dir, "workspaces", w.decl.Name))
 		if err != nil {
 			return nil, nil, fmt.Errorf("workspace %s: %w", w.decl.Name, err)
 		}
@@ -152,7 +159,7 @@ func (s *StandIn) materialise(ctx context.Context, tr *pipelinev1.TaskRun, rs *r
 
 // materialiseVolume writes one volume into path (a persistentVolumeClaim lives elsewhere, for
 // as long as the stand-in's work directory: TaskRuns that share a claim share its files).
-func (s *StandIn) materialiseVolume(ctx context.Context, tr *pipelinev1.TaskRun, v corev1.Volume, path string) (mountSource, error) {
+func (s *StandIn) materialiseVolume(ctx context.Context, tr *pipelinev1.TaskRun, pod *corev1.Pod, v corev1.Volume, path string) (mountSource, error) {
 	if v.PersistentVolumeClaim != nil {
 		claim := v.PersistentVolumeClaim.ClaimName
 		var pvc corev1.PersistentVolumeClaim
@@ -184,7 +191,7 @@ func (s *StandIn) materialiseVolume(ctx context.Context, tr *pipelinev1.TaskRun,
 			case src.ConfigMap != nil:
 				err = s.writeConfigMap(ctx, tr.Namespace, src.ConfigMap.Name, path, src.ConfigMap.Items, v.Projected.DefaultMode, isTrue(src.ConfigMap.Optional))
 			case src.ServiceAccountToken != nil:
-				err = s.writeToken(ctx, tr, src.ServiceAccountToken, path, v.Projected.DefaultMode)
+				err = s.writeToken(ctx, tr, pod, src.ServiceAccountToken, path, v.Projected.DefaultMode)
 			}
 			if err != nil {
 				return mountSource{}, err
@@ -231,21 +238,18 @@ func (s *StandIn) writeConfigMap(ctx context.Context, namespace, name, dir strin
 }
 
 // writeToken asks the apiserver for a token of the TaskRun's ServiceAccount with the
-// projection's audience and lifetime, as the kubelet does for a serviceAccountToken source.
-func (s *StandIn) writeToken(ctx context.Context, tr *pipelinev1.TaskRun, p *corev1.ServiceAccountTokenProjection, dir string, mode *int32) error {
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: tr.Namespace, Name: serviceAccountOf(tr)}}
-	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: p.ExpirationSeconds}}
-	if p.Audience != "" {
-		req.Spec.Audiences = []string{p.Audience}
-	}
-	if err := s.client.SubResource("token").Create(ctx, sa, req); err != nil {
-		return fmt.Errorf("serviceAccountToken for %s/%s: %w", sa.Namespace, sa.Name, err)
+// projection's audience and lifetime, bound to the pod, as the kubelet does for a
+// serviceAccountToken source.
+func (s *StandIn) writeToken(ctx context.Context, tr *pipelinev1.TaskRun, pod *corev1.Pod, p *corev1.ServiceAccountTokenProjection, dir string, mode *int32) error {
+	token, err := s.requestToken(ctx, tr, pod, p.Audience, p.ExpirationSeconds)
+	if err != nil {
+		return fmt.Errorf("serviceAccountToken: %w", err)
 	}
 	m := os.FileMode(0o644)
 	if mode != nil {
 		m = os.FileMode(*mode)
 	}
-	return writeFile(filepath.Join(dir, p.Path), []byte(req.Status.Token), m)
+	return writeFile(filepath.Join(dir, p.Path), []byte(token), m)
 }
 
 // writeKeys lays out a secret's or config map's keys as files, honouring items and modes as
