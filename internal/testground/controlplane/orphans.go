@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,14 +26,20 @@ type ledger struct {
 }
 
 // recordChildren writes the ledger for the control plane this process just started: its child
-// processes running binaries from binDir, and the temporary directories they were given.
-func recordChildren(binDir string) (path string, err error) {
+// processes running binaries from binDir whose flags name one of ownDirs, and the temporary
+// directories they were given. A process may run several control planes (the CaaS stand-in
+// boots one per cluster); each ledger names only its own processes, so that once one has
+// stopped and its pids are reused, no other ledger still points at them.
+func recordChildren(binDir string, ownDirs []string) (path string, err error) {
 	me := os.Getpid()
 	l := ledger{Owner: me, OwnerStartTime: startTime(me)}
 	for _, pid := range processesRunningFrom(binDir) {
-		if parentPID(pid) == me {
+		if parentPID(pid) != me {
+			continue
+		}
+		if dirs := tempDirsOf(pid); slices.ContainsFunc(dirs, func(d string) bool { return slices.Contains(ownDirs, d) }) {
 			l.PIDs = append(l.PIDs, pid)
-			l.Dirs = append(l.Dirs, tempDirsOf(pid)...)
+			l.Dirs = append(l.Dirs, dirs...)
 		}
 	}
 	if len(l.PIDs) == 0 {
