@@ -61,8 +61,16 @@ func TestReapOrphansKillsOnlyWhatDeadOwnersLeft(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("dead.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", PIDs: []int{orphan.Process.Pid}, Dirs: []string{dataDir}})
-	write("alive.json", ledger{Owner: os.Getpid(), OwnerStartTime: startTime(os.Getpid()), PIDs: []int{kept.Process.Pid}})
+	othersDir, err := os.MkdirTemp("", "k8s_test_framework_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(othersDir)
+	write("dead.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", BinDir: binDir, PIDs: []int{orphan.Process.Pid}, Dirs: []string{dataDir}})
+	write("alive.json", ledger{Owner: os.Getpid(), OwnerStartTime: startTime(os.Getpid()), BinDir: binDir, PIDs: []int{kept.Process.Pid}})
+	// Another checkout's orphan: only a Start from that checkout's binaries can kill it, so this
+	// one leaves it, its directory and its ledger alone.
+	write("other-checkout.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", BinDir: t.TempDir(), PIDs: []int{kept.Process.Pid}, Dirs: []string{othersDir}})
 
 	if n := ReapOrphans(binDir); n != 1 {
 		t.Fatalf("reaped %d processes, want 1", n)
@@ -82,6 +90,12 @@ func TestReapOrphansKillsOnlyWhatDeadOwnersLeft(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ledgerDir, "alive.json")); err != nil {
 		t.Fatalf("a live owner's ledger was removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ledgerDir, "other-checkout.json")); err != nil {
+		t.Fatalf("another checkout's ledger was removed: %v", err)
+	}
+	if _, err := os.Stat(othersDir); err != nil {
+		t.Fatalf("the directory of another checkout's control plane was removed: %v", err)
 	}
 }
 
