@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,7 +61,7 @@ type StandIn struct {
 // namespaces, binds roles and requests tokens).
 func New(cfg *rest.Config, opts Options) (*StandIn, error) {
 	if opts.APIServerURL == "" {
-		opts.APIServerURL = cfg.Host
+		opts.APIServerURL = strings.TrimSuffix(cfg.Host, "/")
 	}
 	if len(opts.CAData) == 0 {
 		ca, err := caData(cfg)
@@ -150,6 +151,7 @@ func (s *StandIn) Start(ctx context.Context) error {
 func (s *StandIn) Stop() error {
 	s.mu.Lock()
 	stop, done := s.stop, s.done
+	s.stop = nil
 	s.mu.Unlock()
 	if stop == nil {
 		return nil

@@ -137,7 +137,7 @@ func spaceClient(t *testing.T, sr *spaceRequest) kubernetes.Interface {
 	if err != nil {
 		t.Fatalf("the access Secret's kubeconfig does not load: %v", err)
 	}
-	if cfg.Host != cp.Config.Host {
+	if cfg.Host != strings.TrimSuffix(cp.Config.Host, "/") {
 		t.Fatalf("the kubeconfig reaches %s, want the apiserver %s", cfg.Host, cp.Config.Host)
 	}
 	return kubernetes.NewForConfigOrDie(cfg)
@@ -154,8 +154,8 @@ func TestSpaceRequestGivesAdminRightsInItsNamespaceOnly(t *testing.T) {
 	if c := sr.Status.ready(); c.Reason != reasonProvisioned {
 		t.Errorf("Ready reason %q, want %q", c.Reason, reasonProvisioned)
 	}
-	if sr.Status.TargetClusterURL != cp.Config.Host {
-		t.Errorf("targetClusterURL %q, want %q", sr.Status.TargetClusterURL, cp.Config.Host)
+	if want := strings.TrimSuffix(cp.Config.Host, "/"); sr.Status.TargetClusterURL != want {
+		t.Errorf("targetClusterURL %q, want %q", sr.Status.TargetClusterURL, want)
 	}
 	space := sr.Status.NamespaceAccess[0].Name
 	otherSpace := other.Status.NamespaceAccess[0].Name
