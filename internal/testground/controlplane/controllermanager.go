@@ -12,8 +12,10 @@ import (
 )
 
 // A bare kube-apiserver follows no owner reference and never finishes deleting a namespace:
-// both are kube-controller-manager's work. The test ground runs it with only those two
-// controllers, so that tests see what a real cluster does after a deletion.
+// both are kube-controller-manager's work. Nor does it fill the aggregated ClusterRoles
+// (admin, edit, view stay without rules). The test ground runs kube-controller-manager with
+// only those three controllers, so that tests see what a real cluster does after a deletion
+// and a RoleBinding to `admin` grants what it grants there.
 
 const (
 	controllerManagerBinary = "kube-controller-manager"
@@ -32,8 +34,8 @@ type controllerManager struct {
 	err    error // how it exited, once exited is closed
 }
 
-// startControllerManager runs the garbage collector and the namespace controller against the
-// apiserver that kubeconfig reaches. It does not wait for them to sync: a deletion made before
+// startControllerManager runs the garbage collector, the namespace controller and the ClusterRole
+// aggregator against the apiserver that kubeconfig reaches. It does not wait for them to sync: a deletion made before
 // they have is still acted on once they have.
 func startControllerManager(binDir string, kubeconfig []byte) (*controllerManager, error) {
 	dir, err := os.MkdirTemp("", controllerManagerDirPrefix)
@@ -52,7 +54,7 @@ func startControllerManager(binDir string, kubeconfig []byte) (*controllerManage
 	}
 	cmd := exec.Command(filepath.Join(binDir, controllerManagerBinary),
 		"--kubeconfig="+kubeconfigPath,
-		"--controllers=garbagecollector,namespace",
+		"--controllers=garbagecollector,namespace,clusterrole-aggregation",
 		"--leader-elect=false",
 		// No serving endpoint: nothing probes it, and no port can clash between test packages.
 		"--secure-port=0",

@@ -1,7 +1,8 @@
 // Package controlplane runs a real kube-apiserver and etcd, built by `make testbin`, with
 // Tekton's CRDs installed from the Tekton module berth is built against, and beside them
-// kube-controller-manager's garbage collector and namespace controller, so that owner
-// references and namespace deletion work as on a real cluster. Tests share one per package
+// kube-controller-manager's garbage collector, namespace controller and ClusterRole aggregator,
+// so that owner references, namespace deletion and the built-in admin, edit and view roles work
+// as on a real cluster. Tests share one per package
 // (see RunTests); `berth dev` runs one for the local stack.
 package controlplane
 
@@ -36,8 +37,9 @@ const (
 	tektonPath = "github.com/tektoncd/pipeline"
 )
 
-// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs and berth's own, and
-// (unless started WithoutGarbageCollector) kube-controller-manager.
+// ControlPlane is a running kube-apiserver + etcd with Tekton's CRDs and berth's own (unless
+// started WithoutDefaultCRDs) and any added WithCRDs, and (unless started
+// WithoutGarbageCollector) kube-controller-manager.
 type ControlPlane struct {
 	// Config reaches the apiserver as a cluster admin.
 	Config *rest.Config
@@ -54,13 +56,30 @@ type ControlPlane struct {
 // Option shapes a control plane.
 type Option func(*options)
 
-type options struct{ withoutGarbageCollector bool }
+type options struct {
+	withoutGarbageCollector bool
+	withoutDefaultCRDs      bool
+	crdDirs                 []string
+}
 
 // WithoutGarbageCollector starts no kube-controller-manager, as on a bare apiserver: owner
-// references are never followed and a deleted namespace stays Terminating. For the tests that
+// references are never followed, a deleted namespace stays Terminating and the aggregated
+// ClusterRoles (admin, edit, view) grant nothing. For the tests that
 // show berth cleans up after itself instead of counting on a garbage collector.
 func WithoutGarbageCollector() Option {
 	return func(o *options) { o.withoutGarbageCollector = true }
+}
+
+// WithCRDs installs the CustomResourceDefinitions in each directory too (the YAML files in it,
+// not below it), as the services berth talks to would have them installed.
+func WithCRDs(dirs ...string) Option {
+	return func(o *options) { o.crdDirs = append(o.crdDirs, dirs...) }
+}
+
+// WithoutDefaultCRDs installs neither Tekton's CRDs nor berth's: a bare cluster, like the
+// throwaway clusters an integration test gets, and quicker to start.
+func WithoutDefaultCRDs() Option {
+	return func(o *options) { o.withoutDefaultCRDs = true }
 }
 
 // Scheme is berth's scheme; see kubescheme.
@@ -78,18 +97,16 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		return nil, err
 	}
 	ReapOrphans(bins)
-	crds, err := TektonCRDDir()
-	if err != nil {
-		return nil, err
-	}
-	root, err := RepoRoot()
-	if err != nil {
-		return nil, err
+	crds := o.crdDirs
+	if !o.withoutDefaultCRDs {
+		if crds, err = defaultCRDDirs(crds); err != nil {
+			return nil, err
+		}
 	}
 	scheme := Scheme()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    bins,
-		CRDDirectoryPaths:        []string{crds, filepath.Join(root, "config", "crd", "bases")},
+		CRDDirectoryPaths:        crds,
 		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: time.Minute,
@@ -116,11 +133,34 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		}
 	}
 	// Recorded after every process has started, so that a killed owner leaves none unreaped.
-	if cp.ledger, err = recordChildren(bins); err != nil {
+	if cp.ledger, err = recordChildren(bins, cp.dirs()); err != nil {
 		_ = cp.Stop()
 		return nil, fmt.Errorf("recording the control plane's processes: %w", err)
 	}
 	return cp, nil
+}
+
+// dirs are the temporary directories of this control plane's processes, by which its ledger tells
+// them from those of other control planes the same process runs.
+func (cp *ControlPlane) dirs() []string {
+	dirs := []string{cp.env.ControlPlane.APIServer.CertDir, cp.env.ControlPlane.Etcd.DataDir}
+	if cp.kcm != nil {
+		dirs = append(dirs, cp.kcm.dir)
+	}
+	return dirs
+}
+
+// defaultCRDDirs puts Tekton's CRDs and berth's own before extra.
+func defaultCRDDirs(extra []string) ([]string, error) {
+	tekton, err := TektonCRDDir()
+	if err != nil {
+		return nil, err
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	return append([]string{tekton, filepath.Join(root, "config", "crd", "bases")}, extra...), nil
 }
 
 // CollectsGarbage tells whether kube-controller-manager runs beside the apiserver.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,25 +15,37 @@ import (
 // A control plane is owned by the process that started it (a test binary, `berth dev`). When
 // the owner is killed outright, its kube-apiserver, etcd and kube-controller-manager live on. Each owner therefore
 // records what it started in a ledger file; the next Start reaps what dead owners left.
+//
+// Every checkout on the machine shares the ledger directory, each with binaries of its own: a
+// ledger is reaped only by a Start from the same binaries, for only that Start can kill its
+// processes, and removing the directories of processes left running breaks them without ending
+// them.
 
 var ledgerDir = filepath.Join(os.TempDir(), "berth-controlplanes")
 
 type ledger struct {
 	Owner          int      `json:"owner"`
 	OwnerStartTime string   `json:"ownerStartTime"`
+	BinDir         string   `json:"binDir"`
 	PIDs           []int    `json:"pids"`
 	Dirs           []string `json:"dirs"`
 }
 
 // recordChildren writes the ledger for the control plane this process just started: its child
-// processes running binaries from binDir, and the temporary directories they were given.
-func recordChildren(binDir string) (path string, err error) {
+// processes running binaries from binDir whose flags name one of ownDirs, and the temporary
+// directories they were given. A process may run several control planes (the CaaS stand-in
+// boots one per cluster); each ledger names only its own processes, so that once one has
+// stopped and its pids are reused, no other ledger still points at them.
+func recordChildren(binDir string, ownDirs []string) (path string, err error) {
 	me := os.Getpid()
-	l := ledger{Owner: me, OwnerStartTime: startTime(me)}
+	l := ledger{Owner: me, OwnerStartTime: startTime(me), BinDir: binDir}
 	for _, pid := range processesRunningFrom(binDir) {
-		if parentPID(pid) == me {
+		if parentPID(pid) != me {
+			continue
+		}
+		if dirs := tempDirsOf(pid); slices.ContainsFunc(dirs, func(d string) bool { return slices.Contains(ownDirs, d) }) {
 			l.PIDs = append(l.PIDs, pid)
-			l.Dirs = append(l.Dirs, tempDirsOf(pid)...)
+			l.Dirs = append(l.Dirs, dirs...)
 		}
 	}
 	if len(l.PIDs) == 0 {
@@ -49,8 +62,8 @@ func recordChildren(binDir string) (path string, err error) {
 	return path, os.WriteFile(path, data, 0o600)
 }
 
-// ReapOrphans kills the control-plane processes whose owners have died and removes their
-// temporary directories. It returns how many processes it killed.
+// ReapOrphans kills the control-plane processes running from binDir whose owners have died and
+// removes their temporary directories. It returns how many processes it killed.
 func ReapOrphans(binDir string) (reaped int) {
 	files, _ := filepath.Glob(filepath.Join(ledgerDir, "*.json"))
 	for _, f := range files {
@@ -62,6 +75,9 @@ func ReapOrphans(binDir string) (reaped int) {
 		if json.Unmarshal(data, &l) != nil {
 			_ = os.Remove(f)
 			continue
+		}
+		if l.BinDir != binDir {
+			continue // another checkout's
 		}
 		if startTime(l.Owner) == l.OwnerStartTime && l.OwnerStartTime != "" {
 			continue // owner alive: its control plane is in use

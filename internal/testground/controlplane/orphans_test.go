@@ -1,14 +1,23 @@
 package controlplane
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/berth-ci/berth/internal/testground/realdata"
 )
 
 func TestReapOrphansKillsOnlyWhatDeadOwnersLeft(t *testing.T) {
@@ -52,8 +61,16 @@ func TestReapOrphansKillsOnlyWhatDeadOwnersLeft(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("dead.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", PIDs: []int{orphan.Process.Pid}, Dirs: []string{dataDir}})
-	write("alive.json", ledger{Owner: os.Getpid(), OwnerStartTime: startTime(os.Getpid()), PIDs: []int{kept.Process.Pid}})
+	othersDir, err := os.MkdirTemp("", "k8s_test_framework_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(othersDir)
+	write("dead.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", BinDir: binDir, PIDs: []int{orphan.Process.Pid}, Dirs: []string{dataDir}})
+	write("alive.json", ledger{Owner: os.Getpid(), OwnerStartTime: startTime(os.Getpid()), BinDir: binDir, PIDs: []int{kept.Process.Pid}})
+	// Another checkout's orphan: only a Start from that checkout's binaries can kill it, so this
+	// one leaves it, its directory and its ledger alone.
+	write("other-checkout.json", ledger{Owner: dead.Process.Pid, OwnerStartTime: "1", BinDir: t.TempDir(), PIDs: []int{kept.Process.Pid}, Dirs: []string{othersDir}})
 
 	if n := ReapOrphans(binDir); n != 1 {
 		t.Fatalf("reaped %d processes, want 1", n)
@@ -73,6 +90,12 @@ func TestReapOrphansKillsOnlyWhatDeadOwnersLeft(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ledgerDir, "alive.json")); err != nil {
 		t.Fatalf("a live owner's ledger was removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ledgerDir, "other-checkout.json")); err != nil {
+		t.Fatalf("another checkout's ledger was removed: %v", err)
+	}
+	if _, err := os.Stat(othersDir); err != nil {
+		t.Fatalf("the directory of another checkout's control plane was removed: %v", err)
 	}
 }
 
@@ -94,5 +117,68 @@ func TestStartRecordsItsOwnControlPlane(t *testing.T) {
 	}
 	if !kcmDir {
 		t.Fatalf("ledger %+v does not name kube-controller-manager's directory: a killed owner would leave it behind", l)
+	}
+}
+
+// A process may run several control planes (the CaaS stand-in boots one per cluster): each
+// ledger names only its own processes, so none points at the pids of one stopped before.
+func TestEachControlPlaneRecordsOnlyItsOwnProcesses(t *testing.T) {
+	crds, err := realdata.CRDDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Start(WithoutGarbageCollector(), WithoutDefaultCRDs(), WithCRDs(crds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = second.Stop()
+		}
+	}()
+	read := func(path string) ledger {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var l ledger
+		if err := json.Unmarshal(data, &l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	first, own := read(cp.ledger), read(second.ledger)
+	if len(first.PIDs) != 3 || len(own.PIDs) != 2 {
+		t.Fatalf("ledgers list %v and %v, want kube-apiserver, etcd and kube-controller-manager, then kube-apiserver and etcd", first.PIDs, own.PIDs)
+	}
+	for _, pid := range own.PIDs {
+		if slices.Contains(first.PIDs, pid) {
+			t.Fatalf("process %d is in both ledgers", pid)
+		}
+	}
+
+	// The second has the CRDs it was given and none of the default ones.
+	ctx := context.Background()
+	var ctis unstructured.UnstructuredList
+	ctis.SetGroupVersionKind(schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplateInstanceList"})
+	if err := second.Client.List(ctx, &ctis); err != nil {
+		t.Errorf("listing ClusterTemplateInstances on a control plane started WithCRDs: %v", err)
+	}
+	if err := second.Client.List(ctx, &pipelinev1.TaskRunList{}); !meta.IsNoMatchError(err) {
+		t.Errorf("listing TaskRuns on a control plane started WithoutDefaultCRDs: %v, want no such kind", err)
+	}
+
+	stopped = true
+	if err := second.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range own.PIDs {
+		if syscall.Kill(pid, 0) == nil && parentPID(pid) == os.Getpid() {
+			t.Errorf("process %d of the stopped control plane still runs", pid)
+		}
+	}
+	if _, err := os.Stat(second.ledger); !os.IsNotExist(err) {
+		t.Errorf("the stopped control plane's ledger is still there: %v", err)
 	}
 }

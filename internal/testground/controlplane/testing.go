@@ -14,7 +14,12 @@ import (
 // Each setup function runs after the control plane is up with a context that ends when the
 // tests have run, for things the whole package shares (a stand-in, a controller).
 func RunTests(m *testing.M, cp **ControlPlane, setup ...func(context.Context) error) int {
-	started, err := Start()
+	return RunTestsWith(m, cp, nil, setup...)
+}
+
+// RunTestsWith is RunTests with a control plane started with opts.
+func RunTestsWith(m *testing.M, cp **ControlPlane, opts []Option, setup ...func(context.Context) error) int {
+	started, err := Start(opts...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: no test control plane: %v\n", err)
 		return 1

@@ -17,15 +17,37 @@ import (
 
 // Dir is ../shared/real beside the repository, or an error saying where it was looked for.
 func Dir() (string, error) {
-	root, err := repo.Root()
+	dir, err := sharedReal()
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(filepath.Dir(root), "shared", "real")
 	if _, err := os.Stat(filepath.Join(dir, "host-config")); err != nil {
 		return "", fmt.Errorf("the real deployment data is missing: want %s (../shared/real beside the repository): %w", dir, err)
 	}
 	return dir, nil
+}
+
+// CRDDir is ../shared/real/crds: the CustomResourceDefinitions of the services berth's
+// ephemeral clusters come from (cluster templates, space requests), as they publish them. Its
+// error names where it looked.
+func CRDDir() (string, error) {
+	dir, err := sharedReal()
+	if err != nil {
+		return "", err
+	}
+	dir = filepath.Join(dir, "crds")
+	if _, err := os.Stat(dir); err != nil {
+		return "", fmt.Errorf("the real CRDs are missing: want %s (../shared/real/crds beside the repository): %w", dir, err)
+	}
+	return dir, nil
+}
+
+func sharedReal() (string, error) {
+	root, err := repo.Root()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(filepath.Dir(root), "shared", "real"), nil
 }
 
 // HostConfig is one real host-config ConfigMap.

@@ -1,0 +1,186 @@
+// Package spacestandin stands in for the toolchain's SpaceRequest controller (the Konflux
+// member cluster's), for tests and the dev stack: a SpaceRequest in a tenant's namespace gets a
+// namespace of its own, a ServiceAccount with admin rights in that namespace only, and a Secret
+// in the tenant's namespace with a kubeconfig acting as that account by a real token from the
+// TokenRequest API. Deleting the request deletes the namespace and all in it.
+//
+// Everything the stand-in knows is on the objects: labels tie a space namespace and its access
+// Secret to their request, the request's status says what was handed out. A restarted stand-in
+// carries on where the last one stopped.
+//
+// It needs kube-controller-manager beside the apiserver (controlplane starts one unless told
+// WithoutGarbageCollector): its namespace controller empties a deleted namespace, and its
+// ClusterRole aggregator gives the built-in `admin` role, to which the account is bound, its
+// rules.
+package spacestandin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// Options configure a StandIn.
+type Options struct {
+	// APIServerURL is where tenants reach the apiserver: the server of the kubeconfigs handed
+	// out and the status's targetClusterURL. Empty: the Host of the stand-in's rest.Config.
+	APIServerURL string
+	// CAData is the CA bundle (PEM) the kubeconfigs trust for it. Empty: the rest.Config's.
+	CAData []byte
+}
+
+// StandIn serves SpaceRequests on one apiserver.
+type StandIn struct {
+	opts   Options
+	client client.Client // uncached: every decision is made on what the apiserver holds now
+	mgr    manager.Manager
+
+	mu      sync.Mutex
+	failing map[string]string // tier name → message
+	stop    context.CancelFunc
+	done    chan error
+}
+
+// New prepares a stand-in acting with cfg, which needs to be a cluster admin (it creates
+// namespaces, binds roles and requests tokens).
+func New(cfg *rest.Config, opts Options) (*StandIn, error) {
+	if opts.APIServerURL == "" {
+		opts.APIServerURL = strings.TrimSuffix(cfg.Host, "/")
+	}
+	if len(opts.CAData) == 0 {
+		ca, err := caData(cfg)
+		if err != nil {
+			return nil, err
+		}
+		opts.CAData = ca
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("space stand-in client: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("space stand-in manager: %w", err)
+	}
+	s := &StandIn{opts: opts, client: c, mgr: mgr, failing: map[string]string{}}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("spacerequest-standin").
+		For(newUnstructured()).
+		// A space namespace that finishes deleting lets its request's finalizer go; an access
+		// Secret deleted by hand is made again.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(requestOfNamespace)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(requestOfSecret)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: ptr.To(true)}).
+		Complete(reconcile.Func(s.reconcile))
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// FailTier makes every SpaceRequest of tierName that has no namespace yet fail to provision:
+// Ready=False, reason UnableToProvision, with message (a tier-not-found message if empty), as
+// the real service reports a request it cannot serve.
+func (s *StandIn) FailTier(tierName, message string) {
+	if message == "" {
+		message = fmt.Sprintf("nstemplatetiers.toolchain.dev.openshift.com %q not found", tierName)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failing[tierName] = message
+}
+
+func (s *StandIn) tierFailure(tierName string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	msg, ok := s.failing[tierName]
+	return msg, ok
+}
+
+// Start runs the stand-in in the background until ctx ends or Stop is called. It returns once
+// the stand-in watches, so that a request made after it is served.
+func (s *StandIn) Start(ctx context.Context) error {
+	s.mu.Lock()
+	if s.done != nil {
+		s.mu.Unlock()
+		return errors.New("the space stand-in was already started")
+	}
+	ctx, s.stop = context.WithCancel(ctx)
+	s.done = make(chan error, 1)
+	s.mu.Unlock()
+	go func() { s.done <- s.mgr.Start(ctx) }()
+	synced := make(chan bool, 1)
+	go func() { synced <- s.mgr.GetCache().WaitForCacheSync(ctx) }()
+	select {
+	case ok := <-synced:
+		if !ok {
+			return errors.Join(errors.New("space stand-in: its watches never synced"), s.Stop())
+		}
+		return nil
+	case err := <-s.done:
+		s.done <- err // for Stop
+		return fmt.Errorf("space stand-in: %w", err)
+	}
+}
+
+// Stop stops the stand-in and waits for it. What it made stays; a new stand-in carries on.
+func (s *StandIn) Stop() error {
+	s.mu.Lock()
+	stop, done := s.stop, s.done
+	s.stop = nil
+	s.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	return <-done
+}
+
+func requestOfNamespace(_ context.Context, obj client.Object) []reconcile.Request {
+	l := obj.GetLabels()
+	if l[labelSpaceRequest] == "" || l[labelSpaceRequestNamespace] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: l[labelSpaceRequestNamespace], Name: l[labelSpaceRequest]}}}
+}
+
+func requestOfSecret(_ context.Context, obj client.Object) []reconcile.Request {
+	name := obj.GetLabels()[labelSpaceRequest]
+	if name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: name}}}
+}
+
+// caData is the CA bundle of cfg, inline or from its file.
+func caData(cfg *rest.Config) ([]byte, error) {
+	c := rest.CopyConfig(cfg)
+	if err := rest.LoadTLSFiles(c); err != nil {
+		return nil, fmt.Errorf("space stand-in: reading the CA of its rest.Config: %w", err)
+	}
+	return c.CAData, nil
+}
