@@ -182,3 +182,13 @@ func TestProvisionSpaceRefusesAnOwnerThatWouldDeleteItAtOnce(t *testing.T) {
 		t.Fatalf("a SpaceRequest was made for a bad owner: %v", err)
 	}
 }
+
+// A kubeconfig that names no namespace needs one given: the steps never guess "default".
+func TestSpaceFromKubeconfigWantsANamespace(t *testing.T) {
+	_, err := SpaceFromKubeconfig(cp.KubeConfig, "")
+	mustContain(t, "the error", errText(err), "the space kubeconfig names no namespace")
+	space, err := SpaceFromKubeconfig(cp.KubeConfig, "given")
+	if err != nil || space.Namespace != "given" {
+		t.Fatalf("SpaceFromKubeconfig with a namespace = %+v, %v", space, err)
+	}
+}
