@@ -23,7 +23,7 @@ import (
 var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	code := controlplane.RunTests(m, &cp)
+	code := controlplane.RunTests(m, &cp, installServiceCRDs)
 	sshhosts.CloseShared()
 	os.Exit(code)
 }

@@ -23,6 +23,6 @@ through the multi-platform-ssh-<taskrun> secret.`,
 		},
 	}
 	root.PersistentFlags().BoolVar(&development, "log-development", false, "human-readable, verbose logs")
-	root.AddCommand(newControllerCommand(), newDevCommand(), newConfigCommand(), newHostCommand(), newBenchCommand())
+	root.AddCommand(newControllerCommand(), newDevCommand(), newConfigCommand(), newHostCommand(), newBenchCommand(), newClusterCommand())
 	return root
 }
