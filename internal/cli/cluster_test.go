@@ -17,24 +17,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-ci/berth/internal/testground/controlplane"
-	"github.com/berth-ci/berth/internal/testground/realdata"
 )
 
 // installServiceCRDs installs the CRDs of the space and cluster-templates services
 // (../shared/real/crds) that the cluster commands talk to.
-func installServiceCRDs(context.Context) error {
-	dir, err := realdata.Dir()
-	if err != nil {
-		return err
-	}
-	_, err = envtest.InstallCRDs(cp.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(dir, "crds")}, ErrorIfPathMissing: true})
-	return err
-}
-
 func repoRoot(t *testing.T) string {
 	t.Helper()
 	root, err := controlplane.RepoRoot()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,13 @@ import (
 var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	code := controlplane.RunTests(m, &cp, installServiceCRDs)
+	// The real services' CRDs, for the cluster steps' tests.
+	crds, err := realdata.CRDDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	code := controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithCRDs(crds)})
 	sshhosts.CloseShared()
 	os.Exit(code)
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +22,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/realdata"
@@ -36,21 +34,21 @@ var (
 	kube client.Client
 )
 
+// The control plane serves the real services' CRDs (../shared/real/crds) from its start, so
+// its garbage collector knows SpaceRequests at once and follows their owner references.
 func TestMain(m *testing.M) {
-	os.Exit(controlplane.RunTests(m, &cp, installServiceCRDs))
+	crds, err := realdata.CRDDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	os.Exit(controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithCRDs(crds)}, adminClient))
 }
 
-// installServiceCRDs installs the real services' CRDs (../shared/real/crds).
-func installServiceCRDs(context.Context) error {
-	dir, err := realdata.Dir()
-	if err != nil {
-		return err
-	}
-	if _, err := envtest.InstallCRDs(cp.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(dir, "crds")}, ErrorIfPathMissing: true}); err != nil {
-		return err
-	}
+func adminClient(context.Context) error {
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.QPS = -1
+	var err error
 	kube, err = client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	return err
 }
