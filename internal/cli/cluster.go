@@ -98,7 +98,9 @@ type pollFlags struct{ timeout, interval time.Duration }
 
 func (f *pollFlags) register(cmd *cobra.Command, timeout time.Duration, what string) {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", timeout, "how long to wait for "+what)
-	cmd.Flags().DurationVar(&f.interval, "poll-interval", 10*time.Second, "how often to look")
+	// A look is one GET of one object: every 2 seconds costs the apiserver nothing and keeps a
+	// pipeline from idling up to a poll's length after its cluster is ready.
+	cmd.Flags().DurationVar(&f.interval, "poll-interval", 2*time.Second, "how often to look")
 }
 
 func (f *pollFlags) polling() cluster.Polling {

@@ -66,6 +66,13 @@ func clusterTasks(t *testing.T) map[string]*pipelinev1.Task {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var kind struct{ Kind string }
+		if err := yaml.Unmarshal(raw, &kind); err != nil {
+			t.Fatal(err)
+		}
+		if kind.Kind == "ClusterRole" {
+			continue // the tenant's RBAC for the Tasks, checked where they run
+		}
 		var task pipelinev1.Task
 		if err := yaml.UnmarshalStrict(raw, &task); err != nil {
 			t.Fatalf("%s is not a Tekton v1 Task: %v", f, err)

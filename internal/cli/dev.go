@@ -18,7 +18,7 @@ import (
 )
 
 func newDevCommand() *cobra.Command {
-	opts := devstack.Options{HostStep: runHostStep, VMCloud: true}
+	opts := devstack.Options{HostStep: runHostStep, VMCloud: true, ClusterServices: true}
 	var (
 		once    bool
 		metrics string
@@ -33,14 +33,17 @@ runs TaskRuns, a local VM cloud whose VMs are SSH hosts booted on demand (with a
 stand-in in front of it), and berth's controller with a sample host config: the hosts as
 static hosts of linux/s390x, linux/arm64 as a dynamic platform of type aws (a VM per task,
 launched through the AWS SDK and the EC2 stand-in) and linux/ppc64le as a dynamic pool of type
-local-vm (two tasks per VM), and linux/amd64 as a local platform. It then runs the sample TaskRuns of
-config/samples, applies the files given with --apply (your own Tasks and TaskRuns: a
+local-vm (two tasks per VM), and linux/amd64 as a local platform. With --clusters it also runs
+stand-ins of the space and cluster-template services (a cluster is a second real kube-apiserver
+and etcd). It then runs the sample TaskRuns of config/samples, and an integration pipeline's
+use of an ephemeral cluster (berth-provision-space, berth-ephemeral-cluster, then kubectl
+against the cluster, then deleting the run, which takes space and cluster with it), applies the files given with --apply (your own Tasks and TaskRuns: a
 namespaced object without a namespace goes to "builds"), prints how to reach everything, and
 tears it all down on Ctrl-C. With --once it exits after the samples have finished, 0 if they
 succeeded.
 Needs the binaries of 'make testbin' and, for hosts and step scripts, root and openssh-server.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			// Ctrl-C also reaches whatever reads our output (make run | tee); once it is gone, a
@@ -48,6 +51,9 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 			signal.Ignore(syscall.SIGPIPE)
 			out := cmd.OutOrStdout()
 			opts.StepOutput = out
+			if opts.BerthBinary, err = os.Executable(); err != nil {
+				return err
+			}
 			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
 			stack, err := devstack.Up(ctx, opts)
 			if err != nil {
@@ -64,6 +70,7 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 		},
 	}
 	cmd.Flags().BoolVar(&opts.VMCloud, "vm-cloud", true, "start the local VM cloud (and its EC2 stand-in) and serve linux/arm64 (a VM per task, type aws) and linux/ppc64le (pooled VMs, type local-vm) from it")
+	cmd.Flags().BoolVar(&opts.ClusterServices, "clusters", true, "serve ephemeral clusters: the real space and cluster-template CRDs (../shared/real/crds) and stand-ins of their services")
 	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none: then no controller or samples either)")
 	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
@@ -126,12 +133,53 @@ func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once b
 	if summary != "" {
 		fmt.Fprintln(out, "berth dev: "+summary)
 	}
-	if once || err != nil {
+	if err != nil {
 		return err
+	}
+	if stack.CaaS != nil {
+		summary, err := ephemeralClusterSample(ctx, stack)
+		if summary != "" {
+			fmt.Fprintln(out, "berth dev: "+summary)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if once {
+		return nil
 	}
 	fmt.Fprintln(out, ctrlC)
 	<-ctx.Done()
 	return nil
+}
+
+// ephemeralClusterSample runs what an integration pipeline does with an ephemeral cluster: a
+// space, a cluster from the shared template in it, kubectl against the cluster, and deleting
+// the run, which takes space and cluster with it.
+func ephemeralClusterSample(ctx context.Context, stack *devstack.Stack) (string, error) {
+	const account = "integration-runner"
+	if err := stack.InstallClusterTasks(ctx, devstack.SampleNamespace, account); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	run, err := stack.RunClusterPipeline(ctx, devstack.ClusterRequest{
+		Name: "integration", Namespace: devstack.SampleNamespace, ServiceAccount: account,
+		Template: devstack.SharedTemplate, Use: []string{"get", "namespaces"},
+	}, 5*time.Minute)
+	if err != nil {
+		return "", err
+	}
+	for _, tr := range []*pipelinev1.TaskRun{run.Space, run.Cluster, run.Use} {
+		if !tr.IsSuccessful() {
+			return "", fmt.Errorf("ephemeral cluster sample: TaskRun %s failed: %s", tr.Name, tr.Status.GetCondition("Succeeded").GetMessage())
+		}
+	}
+	ready := time.Since(start)
+	if err := stack.ReleaseCluster(ctx, run, 2*time.Minute); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("ephemeral cluster %s (API %s) ready in %.1fs; kubectl get namespaces ran against it; deleting the run removed space, cluster and its control plane in %.1fs",
+		run.ClusterName, run.APIServerURL, ready.Seconds(), time.Since(start.Add(ready)).Seconds()), nil
 }
 
 // runHostStep runs `berth host ...` in this process: how the dev stack's Tekton stand-in

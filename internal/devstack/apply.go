@@ -22,22 +22,11 @@ func (s *Stack) ApplyFiles(ctx context.Context, files ...string) ([]string, erro
 	c := s.ControlPlane.Client
 	var applied []string
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		objs, err := decodeObjects(f)
 		if err != nil {
 			return applied, err
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			obj := &unstructured.Unstructured{}
-			if err := dec.Decode(&obj.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				return applied, fmt.Errorf("%s: %w", f, err)
-			}
-			if len(obj.Object) == 0 {
-				continue // an empty document
-			}
+		for _, obj := range objs {
 			namespaced, err := c.IsObjectNamespaced(obj)
 			if err != nil {
 				return applied, fmt.Errorf("%s: %s %s: %w", f, obj.GetKind(), obj.GetName(), err)
@@ -57,6 +46,28 @@ func (s *Stack) ApplyFiles(ctx context.Context, files ...string) ([]string, erro
 		}
 	}
 	return applied, nil
+}
+
+// decodeObjects reads every object of a YAML (or JSON) file, skipping empty documents.
+func decodeObjects(file string) ([]*unstructured.Unstructured, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs, nil
+			}
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		if len(obj.Object) > 0 {
+			objs = append(objs, obj)
+		}
+	}
 }
 
 func createOrUpdate(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {

@@ -22,8 +22,10 @@ import (
 
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/testground/caasstandin"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/ec2fake"
+	"github.com/berth-ci/berth/internal/testground/spacestandin"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/testground/tektonstandin"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
@@ -56,6 +58,12 @@ type Options struct {
 	// WithoutGarbageCollector runs no kube-controller-manager: for tests that show berth
 	// cleans up after itself on a cluster where owner references are not followed.
 	WithoutGarbageCollector bool
+	// ClusterServices serves the real space and cluster-template CRDs (../shared/real/crds)
+	// and starts the stand-ins of their services, for ephemeral clusters.
+	ClusterServices bool
+	// BerthBinary, if set, is what steps of berth's image (BerthImage) run as berth, as in the
+	// image; the kubectl of `make testbin` serves steps of KubectlImage.
+	BerthBinary string
 }
 
 // Stack is a running local stack.
@@ -65,6 +73,8 @@ type Stack struct {
 	VMCloud      *vmcloud.Cloud  // nil unless Options.VMCloud
 	EC2          *ec2fake.Server // the EC2 API stand-in over VMCloud; nil unless Options.VMCloud
 	StandIn      *tektonstandin.StandIn
+	Spaces       *spacestandin.StandIn // nil unless Options.ClusterServices
+	CaaS         *caasstandin.StandIn  // nil unless Options.ClusterServices
 
 	KubeConfigPath string
 	AdminKeyPath   string
@@ -74,6 +84,7 @@ type Stack struct {
 	standInDone    chan error
 	stopController func() error
 	files          []string
+	dirs           []string
 }
 
 // Up starts the stack. On error, whatever it had started is stopped again.
@@ -103,6 +114,13 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 	if opts.WithoutGarbageCollector {
 		cpOpts = append(cpOpts, controlplane.WithoutGarbageCollector())
 	}
+	if opts.ClusterServices {
+		crds, err := clusterCRDs()
+		if err != nil {
+			return s, err
+		}
+		cpOpts = append(cpOpts, controlplane.WithCRDs(crds))
+	}
 	if s.ControlPlane, err = controlplane.Start(cpOpts...); err != nil {
 		return s, err
 	}
@@ -131,11 +149,22 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		}
 	}
 
+	if opts.ClusterServices {
+		if err = s.startClusterServices(ctx); err != nil {
+			return s, err
+		}
+	}
+
+	images, err := s.stepImages(stateDir, opts.BerthBinary)
+	if err != nil {
+		return s, err
+	}
 	s.StandIn = tektonstandin.New(tektonstandin.Options{
 		Scheme:     controlplane.Scheme(),
 		RunScripts: opts.RunScripts,
 		WorkDir:    filepath.Join(stateDir, "tekton"),
 		StepOutput: opts.StepOutput,
+		Images:     images,
 	})
 	if opts.HostStep != nil {
 		hostStepKubeconfig := filepath.Join(stateDir, "host-tasks.kubeconfig")
@@ -145,7 +174,7 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		step := s.StandIn.StepCommand(func(ctx context.Context, args []string) error {
 			return opts.HostStep(ctx, append(args, "--kubeconfig", hostStepKubeconfig, "--known-hosts-namespace", Namespace))
 		})
-		s.StandIn.Register("berth", step) // the step of every Task in config/tasks
+		s.StandIn.Register([]string{"berth", "host"}, step) // the step of every Task in config/tasks
 	}
 	standInCtx, cancel := context.WithCancel(context.Background())
 	s.stopStandIn, s.standInDone = cancel, make(chan error, 1)
@@ -238,6 +267,7 @@ func (s *Stack) Down() error {
 			errs = append(errs, fmt.Errorf("tekton stand-in: %w", err))
 		}
 	}
+	errs = append(errs, s.stopClusterServices())
 	if s.EC2 != nil {
 		errs = append(errs, s.EC2.Close())
 	}
@@ -254,6 +284,9 @@ func (s *Stack) Down() error {
 		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		}
+	}
+	for _, d := range s.dirs {
+		errs = append(errs, os.RemoveAll(d))
 	}
 	return errors.Join(errs...)
 }

@@ -127,6 +127,9 @@ func New(cfg *rest.Config) (*StandIn, error) {
 // it watches and its quota webhook is in force, so that an instance created after it is served
 // and checked.
 func (s *StandIn) Start(ctx context.Context) error {
+	if err := s.grantAdmins(ctx); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.done != nil {
 		s.mu.Unlock()

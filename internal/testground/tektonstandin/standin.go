@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -89,7 +90,7 @@ type StandIn struct {
 	apiserver apiServer
 
 	mu        sync.Mutex
-	executors map[string]Executor
+	executors map[string]Executor // by command line prefix, words joined by a space
 	running   map[types.NamespacedName]*run
 }
 
@@ -107,20 +108,29 @@ func New(opts Options) *StandIn {
 	}
 }
 
-// Register makes TaskRuns whose one step runs command (its first Command word) run e.
-func (s *StandIn) Register(command string, e Executor) {
+// Register makes TaskRuns whose one step's command line (Command, then Args) begins with the
+// words of prefix run e: "berth host" takes berth's host Tasks and leaves other berth steps to
+// run as processes.
+func (s *StandIn) Register(prefix []string, e Executor) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.executors[command] = e
+	s.executors[strings.Join(prefix, " ")] = e
 }
 
-// executorFor is the executor registered for the TaskRun's step command, if any.
+// executorFor is the executor registered for the TaskRun's step command line, if any.
 func (s *StandIn) executorFor(tr *pipelinev1.TaskRun) Executor {
 	spec := tr.Status.TaskSpec
 	if spec == nil || len(spec.Steps) != 1 || len(spec.Steps[0].Command) == 0 {
 		return nil
 	}
-	return s.executors[spec.Steps[0].Command[0]]
+	line := append(slices.Clone(spec.Steps[0].Command), spec.Steps[0].Args...)
+	for prefix, e := range s.executors {
+		words := strings.Fields(prefix)
+		if len(line) >= len(words) && slices.Equal(line[:len(words)], words) {
+			return e
+		}
+	}
+	return nil
 }
 
 // Start runs the stand-in with its own manager until ctx ends. It has its own cache so that it

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 	code := controlplane.RunTests(m, &cp, func(ctx context.Context) error {
 		standIn = New(Options{Scheme: controlplane.Scheme(), RunScripts: func(*pipelinev1.TaskRun) bool { return true },
 			Images: map[string]string{berthImage: berthImageDir}})
-		standIn.Register("fake-provision", func(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
+		standIn.Register([]string{"fake-provision"}, func(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
 			if tr.Spec.Params[0].Value.StringVal == "unreachable" {
 				return nil, errors.New("host unreachable did not answer")
 			}
