@@ -2,7 +2,7 @@
 # Builds kube-apiserver, etcd, kube-controller-manager and kubectl from the module proxy into
 # bin/k8s/<k8s version>/, the directory envtest and `berth dev` read (kubectl is what the Tekton
 # stand-in gives steps of the kubectl image). A warm cache is a no-op:
-# each binary is rebuilt only when missing. Cold, on 2 cores, this takes ~4 minutes and ~2 GB
+# each binary is rebuilt only when missing. Cold, on 2 cores, this takes ~6 minutes and ~2 GB
 # of RAM.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

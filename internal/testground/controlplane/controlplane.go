@@ -226,7 +226,7 @@ func BinaryDir() (string, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd and kube-controller-manager v%s from the Go module proxy, ~4 minutes cold; binaries already there are kept)",
+		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager and kubectl v%s from the Go module proxy, ~6 minutes cold; binaries already there are kept)",
 			strings.Join(missing, ", "), dir, KubernetesVersion)
 	}
 	return dir, nil
