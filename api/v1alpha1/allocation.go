@@ -91,10 +91,12 @@ type AllocationStatus struct {
 	// Message is the last error, for people.
 	Message string `json:"message,omitempty"`
 	// CleanFailures counts failed clean attempts in a row; it spaces out retries.
-	CleanFailures int          `json:"cleanFailures,omitempty"`
-	ReservedAt    *metav1.Time `json:"reservedAt,omitempty"`
-	ReadyAt       *metav1.Time `json:"readyAt,omitempty"`
-	EndedAt       *metav1.Time `json:"endedAt,omitempty"`
+	CleanFailures int `json:"cleanFailures,omitempty"`
+	// When the task got a slot, when its secret was handed over, and when it ended: to the
+	// microsecond, so that latencies measured from them are not whole seconds.
+	ReservedAt *MicroTime `json:"reservedAt,omitempty"`
+	ReadyAt    *MicroTime `json:"readyAt,omitempty"`
+	EndedAt    *MicroTime `json:"endedAt,omitempty"`
 }
 
 // Allocation records one user TaskRun that holds or waits for capacity. Its name is the

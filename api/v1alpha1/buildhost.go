@@ -65,9 +65,10 @@ type InstanceStatus struct {
 	ID    string        `json:"id,omitempty"`
 	// HostKey is the key the VM presented at berth's first login (or the configured one): the
 	// only key accepted from it afterwards.
-	HostKey    string       `json:"hostKey,omitempty"`
-	LaunchedAt *metav1.Time `json:"launchedAt,omitempty"`
-	ReadyAt    *metav1.Time `json:"readyAt,omitempty"`
+	HostKey string `json:"hostKey,omitempty"`
+	// To the microsecond: the boot time measured from them is not whole seconds.
+	LaunchedAt *MicroTime `json:"launchedAt,omitempty"`
+	ReadyAt    *MicroTime `json:"readyAt,omitempty"`
 	// Failures counts failed cloud calls in a row; it spaces out retries.
 	Failures int    `json:"failures,omitempty"`
 	Message  string `json:"message,omitempty"`

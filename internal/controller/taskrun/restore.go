@@ -151,7 +151,7 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 	login := loginOf(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
 		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
-		ReservedAt: r.stamp()}
+		ReservedAt: r.microStamp()}
 	if err := r.Client.Create(ctx, rec); err != nil {
 		r.Ledger.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)

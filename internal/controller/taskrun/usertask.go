@@ -151,7 +151,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.Attempt++
 	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.UserDir, next.Status.Message = "", ""
-	next.Status.ReservedAt = r.stamp()
+	next.Status.ReservedAt = r.microStamp()
 	if err := r.save(ctx, next); err != nil {
 		// A reservation made just now and not recorded is not held. One made by an earlier
 		// reconcile is recorded already (this one read a stale copy): it stays.
@@ -248,7 +248,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	next := rec.DeepCopy()
 	next.Status.Phase, next.Status.UserDir = berthv1.PhaseReady, out.UserDir
 	next.Status.SecretDigest = digest(secret.Data)
-	next.Status.ReadyAt = r.stamp()
+	next.Status.ReadyAt = r.microStamp()
 	if err := r.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -440,7 +440,7 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
 	}
 	next.Status.Phase, next.Status.Login = berthv1.PhaseCleaning, nil
-	next.Status.EndedAt = r.stamp()
+	next.Status.EndedAt = r.microStamp()
 	if err := r.save(ctx, next); err != nil {
 		return nil, err
 	}
@@ -663,6 +663,12 @@ func ownerOf(tr *pipelinev1.TaskRun) tasksecret.Owner {
 
 func (r *Reconciler) stamp() *metav1.Time {
 	t := metav1.NewTime(r.now())
+	return &t
+}
+
+// microStamp is stamp to the microsecond, for the times latencies are measured from.
+func (r *Reconciler) microStamp() *berthv1.MicroTime {
+	t := berthv1.NewMicroTime(r.now())
 	return &t
 }
 

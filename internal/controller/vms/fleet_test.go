@@ -44,7 +44,7 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 				Spec: berthv1.BuildHostSpec{Instance: &berthv1.InstanceSpec{Platform: "linux/s390x", Provider: "local-vm",
 					Slots: 1, Pooled: tc.pooled, Attempt: 1, Retire: "retired before the crash"}},
 				Status: berthv1.BuildHostStatus{Platform: "linux/s390x", Address: "198.18.1.2",
-					Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceReady, ID: "vm-1", ReadyAt: &metav1.Time{Time: now.Add(-time.Minute)}}},
+					Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceReady, ID: "vm-1", ReadyAt: &berthv1.MicroTime{MicroTime: metav1.MicroTime{Time: now.Add(-time.Minute)}}}},
 			}
 			if tc.pooled {
 				rec.Spec.Instance.Slots = 4

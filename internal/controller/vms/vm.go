@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -272,8 +271,8 @@ func (f *Fleet) deleteRecord(ctx context.Context, rec *berthv1.BuildHost) error 
 	return nil
 }
 
-func (f *Fleet) stamp() *metav1.Time {
-	t := metav1.NewTime(f.now())
+func (f *Fleet) stamp() *berthv1.MicroTime {
+	t := berthv1.NewMicroTime(f.now())
 	return &t
 }
 
