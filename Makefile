@@ -10,8 +10,11 @@ RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/controll
 
 all: build
 
+## build: bin/berth, the production binary, and bin/berth-dev, berth plus dev and bench (the
+## test ground, the dev stack and the local-vm provider are linked only into berth-dev)
 build:
 	$(GO) build -o bin/berth ./cmd/berth
+	$(GO) build -o bin/berth-dev ./cmd/berth-dev
 
 ## generate: deep-copy code and CRDs of berth's records (api/v1alpha1 → config/crd/bases)
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.1
@@ -45,7 +48,7 @@ fuzz:
 ## bench: the Go benchmarks (ledger hand-over; slot freed → next waiter on the real stack), then
 ## the load harness on its scenarios: static, idle-cluster, dynamic (a VM per task) and
 ## dynamic-pool (shared VMs), the last two on the local VM cloud's real SSH hosts. BENCH_SCALE
-## shrinks the scenarios; BENCH_ARGS passes more flags to `berth bench` (--baseline "<other
+## shrinks the scenarios; BENCH_ARGS passes more flags to `berth-dev bench` (--baseline "<other
 ## controller>", --json, --chaos N).
 BENCHTIME ?= 50x
 BENCH_SCALE ?= 1
@@ -53,14 +56,15 @@ BENCH_ARGS ?=
 bench: prereqs testbin build
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/allocation/
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/controller/taskrun/ 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
-	bin/berth bench --scenario static --scale $(BENCH_SCALE) $(BENCH_ARGS)
-	bin/berth bench --scenario idle-cluster --scale $(BENCH_SCALE) $(BENCH_ARGS)
-	bin/berth bench --scenario dynamic --scale $(BENCH_SCALE) $(BENCH_ARGS)
-	bin/berth bench --scenario dynamic-pool --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth-dev bench --scenario static --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth-dev bench --scenario idle-cluster --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth-dev bench --scenario dynamic --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth-dev bench --scenario dynamic-pool --scale $(BENCH_SCALE) $(BENCH_ARGS)
 
-## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C
+## run: the local stack (control plane, SSH hosts, Tekton stand-in) until Ctrl-C; steps of
+## berth's image run bin/berth
 run: prereqs testbin build
-	bin/berth dev $(ARGS)
+	bin/berth-dev dev $(ARGS)
 
 clean:
-	rm -rf bin/berth .berth
+	rm -rf bin/berth bin/berth-dev .berth

@@ -1,4 +1,5 @@
-// Package cli is berth's command line: one binary, one cobra command per real capability.
+// Package cli is the production berth's command line: one cobra command per real capability.
+// The development commands (dev, bench) are berth-dev's, in internal/devcli.
 package cli
 
 import (
@@ -23,6 +24,6 @@ through the multi-platform-ssh-<taskrun> secret.`,
 		},
 	}
 	root.PersistentFlags().BoolVar(&development, "log-development", false, "human-readable, verbose logs")
-	root.AddCommand(newControllerCommand(), newDevCommand(), newConfigCommand(), newHostCommand(), newBenchCommand(), newClusterCommand())
+	root.AddCommand(newControllerCommand(), newConfigCommand(), newHostCommand(), newClusterCommand())
 	return root
 }

@@ -137,24 +137,29 @@ func (s *Stack) stepImages(stateDir, berth string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	for image, program := range map[string]string{BerthImage: berth, KubectlImage: filepath.Join(bins, "kubectl")} {
-		if program == "" {
+	// Each program goes in under the name steps call it by, whatever its file is called here
+	// (--berth-binary may name any file).
+	for _, p := range []struct{ image, program, name string }{
+		{BerthImage, berth, "berth"},
+		{KubectlImage, filepath.Join(bins, "kubectl"), "kubectl"},
+	} {
+		if p.program == "" {
 			continue
 		}
-		if _, err := os.Stat(program); err != nil {
-			if image == KubectlImage {
+		if _, err := os.Stat(p.program); err != nil {
+			if p.image == KubectlImage {
 				continue // an older bin/k8s: steps of the kubectl image then find none
 			}
 			return nil, err
 		}
-		dir := filepath.Join(stateDir, "images", filepath.Base(image))
+		dir := filepath.Join(stateDir, "images", filepath.Base(p.image))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
-		if err := copyExecutable(program, filepath.Join(dir, filepath.Base(program))); err != nil {
+		if err := copyExecutable(p.program, filepath.Join(dir, p.name)); err != nil {
 			return nil, err
 		}
-		images[image] = dir
+		images[p.image] = dir
 		s.dirs = append(s.dirs, dir)
 	}
 	return images, nil

@@ -44,8 +44,8 @@ type Options struct {
 	// Hosts is how many SSH hosts to start; 0 starts none.
 	Hosts int
 	// HostStep runs `berth host ...` with args in this process; the stand-in executes the
-	// provision, clean and update TaskRuns through it. The cli package passes its root
-	// command (this package cannot import it).
+	// provision, clean and update TaskRuns through it. berth-dev and the stack tests pass
+	// the production berth's root command (cli.NewRootCommand).
 	HostStep func(ctx context.Context, args []string) error
 	// RunScripts selects the user TaskRuns whose step scripts the stand-in runs.
 	RunScripts func(*pipelinev1.TaskRun) bool
@@ -62,7 +62,8 @@ type Options struct {
 	// and starts the stand-ins of their services, for ephemeral clusters.
 	ClusterServices bool
 	// BerthBinary, if set, is what steps of berth's image (BerthImage) run as berth, as in the
-	// image; the kubectl of `make testbin` serves steps of KubectlImage.
+	// image: the production berth (berth-dev passes bin/berth), not berth-dev. The kubectl
+	// of `make testbin` serves steps of KubectlImage.
 	BerthBinary string
 }
 

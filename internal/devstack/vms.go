@@ -11,6 +11,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	// The controller StartController runs serves platforms of type local-vm from the VM
+	// cloud; the production berth does not register that provider, the stack does.
+	_ "github.com/berth-ci/berth/internal/cloud/localvm"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/testground/ec2fake"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"

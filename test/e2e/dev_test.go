@@ -1,4 +1,4 @@
-// Package e2e drives berth's binary the way a person does.
+// Package e2e drives berth's binaries the way a person does.
 package e2e
 
 import (
@@ -25,10 +25,10 @@ import (
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
 
-// `make run` is `berth dev`: it must come up, be reachable as printed, and leave nothing behind
+// `make run` is `berth-dev dev`: it must come up, be reachable as printed, and leave nothing behind
 // on Ctrl-C.
 func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
-	root, bin := buildBerth(t)
+	root, bin := buildBerthDev(t)
 
 	stateDir := filepath.Join(t.TempDir(), "state")
 	dev := exec.Command(bin, "dev", "--hosts", "1", "--state-dir", stateDir)
@@ -277,7 +277,7 @@ func readFile(t *testing.T, path string) string {
 
 // `make run ARGS=--once`: the samples run through berth and the command exits 0 with a summary.
 func TestDevOnceRunsTheSamples(t *testing.T) {
-	root, bin := buildBerth(t)
+	root, bin := buildBerthDev(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	dev := exec.CommandContext(ctx, bin, "dev", "--once", "--hosts", "2", "--metrics-bind-address", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
@@ -290,6 +290,7 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 		"berth dev: 4 sample TaskRuns finished", "remote-build-s390x on berth-host-", "local-build-amd64 locally",
 		"remote-build-arm64 on vm-linux-arm64-", "remote-build-ppc64le on vm-linux-ppc64le-",
 		"[builds/remote-build-s390x build] uid=", "(u-", "[builds/local-build-amd64 build] building linux/amd64 here",
+		"berth dev: ephemeral cluster ", // its steps of berth's image ran the berth beside berth-dev
 		"stopped; nothing left running.",
 	} {
 		if !strings.Contains(string(out), want) {
@@ -298,9 +299,11 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 	}
 }
 
-// buildBerth builds the binary as `make run` does and returns the repository root and the
-// binary. The dev stack's SSH hosts need root: without it the test skips, except in CI.
-func buildBerth(t *testing.T) (root, bin string) {
+// buildBerthDev builds berth and berth-dev into one directory, as `make build` does for
+// `make run` (berth-dev's steps of berth's image run the berth beside it), and returns the
+// repository root and berth-dev. The dev stack's SSH hosts need root: without it the test
+// skips, except in CI.
+func buildBerthDev(t *testing.T) (root, bin string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -312,11 +315,13 @@ func buildBerth(t *testing.T) (root, bin string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin = filepath.Join(t.TempDir(), "berth")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building berth: %v\n%s", err, out)
+	dir := t.TempDir()
+	for _, name := range []string{"berth", "berth-dev"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", name, err, out)
+		}
 	}
-	return root, bin
+	return root, filepath.Join(dir, "berth-dev")
 }

@@ -1,7 +1,7 @@
 // Package localvm is the provider for platforms of type local-vm: VMs from the local VM cloud
 // (internal/testground/vmcloud) that development stacks, tests and the bench run. It is a
-// plain HTTP client of that cloud's API, the same in the production binary as anywhere else:
-// pointing a platform at such a cloud is configuration, not a test build.
+// plain HTTP client of that cloud's API. Only berth-dev (internal/devcli), the dev stack and
+// tests register it; the production berth, which no such cloud serves, does not.
 package localvm
 
 import (

@@ -1,4 +1,4 @@
-package cli
+package devcli
 
 import (
 	"encoding/json"
@@ -68,6 +68,8 @@ TaskRuns by reason: a run has nothing that deserves one.`,
 			}
 			sc.Chaos = chaos
 			if controllerCmd == "" {
+				// berth-dev's own controller: the production berth's, which cannot serve the
+				// dynamic scenarios' platforms of type local-vm.
 				self, err := os.Executable()
 				if err != nil {
 					return err
@@ -103,7 +105,7 @@ TaskRuns by reason: a run has nothing that deserves one.`,
 	}
 	cmd.Flags().StringVar(&scenario, "scenario", "static", "static, idle-cluster, dynamic or dynamic-pool")
 	cmd.Flags().Float64Var(&scale, "scale", 1, "multiply the scenario's hosts and task counts (0.1 for a quick run)")
-	cmd.Flags().StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: this berth's controller)")
+	cmd.Flags().StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: berth-dev's controller, berth's plus the local-vm provider the dynamic scenarios use)")
 	cmd.Flags().StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the results as JSON")
 	cmd.Flags().IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")

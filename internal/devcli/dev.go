@@ -1,11 +1,13 @@
-package cli
+package devcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 
+	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/devstack"
 )
@@ -20,9 +23,10 @@ import (
 func newDevCommand() *cobra.Command {
 	opts := devstack.Options{HostStep: runHostStep, VMCloud: true, ClusterServices: true}
 	var (
-		once    bool
-		metrics string
-		apply   []string
+		once        bool
+		metrics     string
+		apply       []string
+		berthBinary string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -41,7 +45,9 @@ against the cluster, then deleting the run, which takes space and cluster with i
 namespaced object without a namespace goes to "builds"), prints how to reach everything, and
 tears it all down on Ctrl-C. With --once it exits after the samples have finished, 0 if they
 succeeded.
-Needs the binaries of 'make testbin' and, for hosts and step scripts, root and openssh-server.`,
+Steps of berth's image run the production berth (bin/berth beside berth-dev, or --berth-binary).
+Needs the binaries of 'make testbin' and 'make build', and, for hosts and step scripts, root and
+openssh-server.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -51,7 +57,7 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 			signal.Ignore(syscall.SIGPIPE)
 			out := cmd.OutOrStdout()
 			opts.StepOutput = out
-			if opts.BerthBinary, err = os.Executable(); err != nil {
+			if opts.BerthBinary, err = productionBerth(berthBinary); err != nil {
 				return err
 			}
 			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
@@ -76,7 +82,30 @@ Needs the binaries of 'make testbin' and, for hosts and step scripts, root and o
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
 	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics; 0 disables them")
 	cmd.Flags().StringArrayVar(&apply, "apply", nil, "a YAML file of objects to create once the stack is up, as kubectl apply -f would (repeatable)")
+	cmd.Flags().StringVar(&berthBinary, "berth-binary", "", "the production berth binary that steps of berth's image run (default: the berth next to berth-dev, bin/berth)")
 	return cmd
+}
+
+// productionBerth is the berth binary steps of berth's image run: flag if given, else the berth
+// beside this executable. Those steps are what berth's image runs in a real cluster, so they
+// run the production binary, not berth-dev.
+func productionBerth(flag string) (string, error) {
+	path := flag
+	if path == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return "", err
+		}
+		path = filepath.Join(filepath.Dir(self), "berth")
+	}
+	info, err := os.Stat(path)
+	if err == nil && (info.IsDir() || info.Mode().Perm()&0o111 == 0) {
+		err = errors.New("not an executable file")
+	}
+	if err != nil {
+		return "", fmt.Errorf("no production berth at %s (steps of berth's image run it): %w; run make build, which builds bin/berth beside bin/berth-dev, or pass --berth-binary", path, err)
+	}
+	return path, nil
 }
 
 // runBerth starts the controller with the sample config, runs the samples, and waits: for them
@@ -183,9 +212,9 @@ func ephemeralClusterSample(ctx context.Context, stack *devstack.Stack) (string,
 }
 
 // runHostStep runs `berth host ...` in this process: how the dev stack's Tekton stand-in
-// executes the provision, clean and update TaskRuns with berth's own code.
+// executes the provision, clean and update TaskRuns with the production berth's own code.
 func runHostStep(ctx context.Context, args []string) error {
-	cmd := NewRootCommand()
+	cmd := cli.NewRootCommand()
 	cmd.SetArgs(args)
 	cmd.SetOut(io.Discard)
 	cmd.SetErr(io.Discard) // the error is returned and becomes the TaskRun's message

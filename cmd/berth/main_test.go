@@ -1,0 +1,41 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/berth-ci/berth/internal/cloud"
+)
+
+// The production binary links none of the test ground, the dev stack, the bench or the
+// test-only cloud provider: they are berth-dev's (cmd/berth-dev).
+func TestLinksNoDevelopmentCode(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	forbidden := []string{
+		"github.com/berth-ci/berth/internal/testground",
+		"github.com/berth-ci/berth/internal/devstack",
+		"github.com/berth-ci/berth/internal/devcli",
+		"github.com/berth-ci/berth/internal/bench",
+		"github.com/berth-ci/berth/internal/cloud/localvm",
+		"github.com/berth-ci/berth/internal/cloud/cloudfake",
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		for _, f := range forbidden {
+			if pkg == f || strings.HasPrefix(pkg, f+"/") {
+				t.Errorf("cmd/berth links %s", pkg)
+			}
+		}
+	}
+}
+
+// The production berth launches VMs on the real clouds only.
+func TestProviders(t *testing.T) {
+	if got, want := cloud.Types(), []string{"aws", "ibmp", "ibmz"}; !slices.Equal(got, want) {
+		t.Errorf("provider types %v, want %v", got, want)
+	}
+}
