@@ -24,6 +24,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/warning"
 )
 
 // DefaultNamespace is where the manifests install the controller, its config and secrets.
@@ -124,7 +125,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 		configValid.Set(0)
 		w.applied = ""
 		w.restoreLastGood(ctx, log)
-		log.Error(nil, msg)
+		warning.Log(log, msg)
 		for i := range list.Items {
 			w.Recorder.Eventf(&list.Items[i], nil, corev1.EventTypeWarning, ReasonAmbiguous, "Validate", msg)
 		}
@@ -145,7 +146,7 @@ func (w *Watcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile
 			kept = "the last good config stays in force"
 		}
 		msg := fmt.Sprintf("resourceVersion %s: rejected as a whole; %s. %s", cm.ResourceVersion, kept, fatal.Summary())
-		log.Error(nil, "host-config ConfigMap rejected", "configmap", cm.Name, "resourceVersion", cm.ResourceVersion, "problems", problems.Summary())
+		warning.Log(log, "host-config ConfigMap rejected", "configmap", cm.Name, "resourceVersion", cm.ResourceVersion, "problems", problems.Summary())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonRejected, "Validate", "%s", truncate(msg))
 		w.applied = cm.ResourceVersion
 		return reconcile.Result{}, nil
@@ -173,7 +174,7 @@ func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems conf
 		for _, p := range k.Problems {
 			keptKeys[p.Key] = true
 		}
-		log.Error(nil, "an edit broke part of the host config; its last good settings stay in force", "part", k.What(), "problems", k.Problems.Summary())
+		warning.Log(log, "an edit broke part of the host config; its last good settings stay in force", "part", k.What(), "problems", k.Problems.Summary())
 		// The events library folds Events of one object, reason and action into a series that
 		// keeps only the first note, so each part gets an action of its own.
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonKeptLastGood, partAction("KeepLastGood", k.What()), "%s", truncate(fmt.Sprintf(
@@ -192,7 +193,7 @@ func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems conf
 		platformUsable.WithLabelValues(string(r.Platform)).Set(value)
 	}
 	if len(unusable) > 0 {
-		log.Error(nil, "platforms cannot be served; their tasks fail with an error secret", "platforms", unusable, "problems", unusableProblems.Summary())
+		warning.Log(log, "platforms cannot be served; their tasks fail with an error secret", "platforms", unusable, "problems", unusableProblems.Summary())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonPlatformUnusable, "Validate", "%s", truncate(fmt.Sprintf(
 			"resourceVersion %s: %d platform(s) cannot be served and their tasks fail (%s): %s", rv, len(unusable), strings.Join(unusable, ", "), unusableProblems.Summary())))
 	}
@@ -220,7 +221,7 @@ func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems conf
 // would otherwise find out only when its provisioning fails.
 func (w *Watcher) checkSecrets(ctx context.Context, cm *corev1.ConfigMap, cfg *config.Config, log logr.Logger) {
 	for _, problem := range MissingSecrets(ctx, w.APIReader, w.Namespace, cfg) {
-		log.Error(nil, "config names a secret that cannot be used", "problem", problem.String())
+		warning.Log(log, "config names a secret that cannot be used", "problem", problem.String())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonSecretMissing, partAction("CheckSecret", problem.Key), "%s", problem.String())
 	}
 }

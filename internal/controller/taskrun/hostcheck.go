@@ -12,11 +12,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/provision"
+	"github.com/berth-ci/berth/internal/warning"
 )
 
 // HostChecks checks every static host each Interval through the provisioner and keeps its
@@ -120,12 +122,24 @@ func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, 
 	}
 	switch {
 	case next.Status.Quarantined && !bh.Status.Quarantined:
-		r.Recorder.Eventf(next, nil, corev1.EventTypeWarning, "HostQuarantined", "Check", "host %s takes no new builds until a check passes: %s", host.Name, reason)
+		r.hostEvent(ctx, next, corev1.EventTypeWarning, "HostQuarantined", "Check", "host %s takes no new builds until a check passes: %s", host.Name, reason)
 	case !next.Status.Quarantined && bh.Status.Quarantined:
-		r.Recorder.Eventf(next, nil, corev1.EventTypeNormal, "HostHealthy", "Check", "host %s passed its check and takes builds again", host.Name)
+		r.hostEvent(ctx, next, corev1.EventTypeNormal, "HostHealthy", "Check", "host %s passed its check and takes builds again", host.Name)
 	}
 	r.syncHost(next)
 	return nil
+}
+
+// hostEvent tells the operator of a change to a host: an Event on its BuildHost, and a log line
+// with the host and platform (a warning line for a Warning).
+func (r *Reconciler) hostEvent(ctx context.Context, bh *berthv1.BuildHost, eventType, reason, action, format string, args ...any) {
+	r.Recorder.Eventf(bh, nil, eventType, reason, action, format, args...)
+	log := logf.FromContext(ctx).WithValues("host", bh.Host(), "platform", bh.Status.Platform, "reason", reason)
+	if eventType == corev1.EventTypeWarning {
+		warning.Log(log, fmt.Sprintf(format, args...))
+		return
+	}
+	log.Info(fmt.Sprintf(format, args...))
 }
 
 // quarantineForCleans takes a host out of service whose cleanups keep failing.
@@ -149,7 +163,7 @@ func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why stri
 	if err := r.Client.Update(ctx, &bh); err != nil {
 		return
 	}
-	r.Recorder.Eventf(&bh, nil, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
+	r.hostEvent(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
 	r.syncHost(&bh)
 }
 
@@ -255,7 +269,7 @@ func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
 			return err
 		}
 		for _, d := range dropped {
-			r.Recorder.Eventf(rec, nil, corev1.EventTypeWarning, "DebtForgotten", "Forget",
+			r.recordEvent(ctx, rec, d.Host, corev1.EventTypeWarning, "DebtForgotten",
 				"build user %s of %s is no longer removed from host %s: the host is gone or was forgotten; if it comes back, remove the user by hand", d.BuildUser, rec.Spec.TaskRun.Key(), d.Host)
 		}
 	}

@@ -98,7 +98,7 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		}
 		r.noteRevert(tr)
 		mirrorReverts.Inc()
-		r.event(tr, corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
+		r.event(ctx, tr, "", corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
 		return reconcile.Result{}, nil
 	}
 	if err := r.patchMirrors(ctx, tr, want); err != nil {

@@ -8,6 +8,7 @@ package taskrun
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -28,6 +30,7 @@ import (
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/provision"
+	"github.com/berth-ci/berth/internal/warning"
 )
 
 // KeyPair makes a fresh key pair of type kt for one build user: the OpenSSH private key (for
@@ -211,12 +214,33 @@ func (r *Reconciler) Notify(key string) {
 	r.wakeKey(ns, name)
 }
 
-func (r *Reconciler) event(tr *pipelinev1.TaskRun, eventType, reason, format string, args ...any) {
+// event tells the TaskRun's owner what berth did or why it waits (an Event on the TaskRun)
+// and the operator the same in the log, with the TaskRun, its platform and the host ("" when
+// there is none yet). A Warning event is a warning line (see package warning).
+func (r *Reconciler) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
 	r.Recorder.Eventf(tr, nil, eventType, reason, reason, format, args...)
+	logStep(ctx, tr.Namespace+"/"+tr.Name, platformOf(tr), host, eventType, reason, fmt.Sprintf(format, args...))
 }
 
-func (r *Reconciler) recordEvent(rec *berthv1.Allocation, eventType, reason, format string, args ...any) {
+// recordEvent is event for a step taken for a record (its TaskRun may be gone): the Event goes
+// on the record, in berth's namespace.
+func (r *Reconciler) recordEvent(ctx context.Context, rec *berthv1.Allocation, host, eventType, reason, format string, args ...any) {
 	r.Recorder.Eventf(rec, nil, eventType, reason, reason, format, args...)
+	logStep(ctx, rec.Spec.TaskRun.Key(), rec.Spec.Platform, host, eventType, reason, fmt.Sprintf(format, args...))
+}
+
+// logStep is the log line of an event.
+func logStep(ctx context.Context, taskRun, platform, host, eventType, reason, message string) {
+	kv := []any{"taskRun", taskRun, "platform", platform, "reason", reason}
+	if host != "" {
+		kv = append(kv, "host", host)
+	}
+	log := logf.FromContext(ctx)
+	if eventType == corev1.EventTypeWarning {
+		warning.Log(log, message, kv...)
+		return
+	}
+	log.Info(message, kv...)
 }
 
 // secretOf reads the task's secret from the cache (which holds only berth-labelled secrets).

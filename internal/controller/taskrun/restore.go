@@ -137,14 +137,14 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 	host := r.Config.Host(hostName)
 	if host == nil {
 		// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
-		r.event(tr, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
+		r.event(ctx, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
 		return false, client.IgnoreNotFound(r.patchMirrors(ctx, tr, mirrorState{ended: true}))
 	}
 	// The labels are still the tenant's to write: they may name a full host. The controller
 	// berth replaces never over-committed, so a task beyond the host's concurrency was not
 	// really there; it is served like a new task instead.
 	if !r.Ledger.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
-		r.event(tr, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
+		r.event(ctx, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
 		return false, nil
 	}
 	rec := r.newRecord(tr, config.StrategyStatic)
@@ -156,6 +156,6 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 		r.Ledger.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
-	r.event(tr, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
+	r.event(ctx, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
 	return true, nil
 }

@@ -115,7 +115,7 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 	}
 	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: platformOf(tr)})
 	if err == nil {
-		r.event(tr, corev1.EventTypeNormal, "Local", "platform %s is local: the task builds on this cluster", platformOf(tr))
+		r.event(ctx, tr, contract.Localhost, corev1.EventTypeNormal, "Local", "platform %s is local: the task builds on this cluster", platformOf(tr))
 	}
 	return err
 }
@@ -162,7 +162,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	}
 	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
 	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
-	r.event(tr, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
+	r.event(ctx, tr, login.Host, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
 	results.add(r.mirror(ctx, tr, next))
 	results.add(r.provision(ctx, tr, next))
@@ -213,7 +213,7 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 			return reconcile.Result{}, err
 		}
 		rec = next
-		r.event(tr, corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
+		r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 	}
 	_, err := r.mirror(ctx, tr, rec)
 	return reconcile.Result{RequeueAfter: left}, err
@@ -255,7 +255,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	r.keys.Delete(keyID(rec))
 	r.Provisioner.Forget(j.ID)
 	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())
-	r.event(tr, corev1.EventTypeNormal, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
+	r.event(ctx, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
 	return reconcile.Result{}, nil
 }
 
@@ -274,7 +274,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		return reconcile.Result{}, err
 	}
 	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
-	r.event(tr, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
+	r.event(ctx, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
 	var results outcomes
 	results.add(r.provision(ctx, tr, next))
 	results.add(r.payDebts(ctx, next))
@@ -313,7 +313,7 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 	if remote.IsHostKeyChanged(cause) {
 		reason = "HostKeyChanged" // a replaced host, or someone in the middle: people must look
 	}
-	r.event(tr, corev1.EventTypeWarning, reason, "host %s: %s; trying another host", login.Host, why)
+	r.event(ctx, tr, login.Host, corev1.EventTypeWarning, reason, "host %s: %s; trying another host", login.Host, why)
 	var results outcomes
 	results.add(r.payDebts(ctx, next))
 	results.add(r.reserve(ctx, tr, next))
@@ -361,7 +361,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	}
 	r.noteRevert(tr)
 	errorSecrets.WithLabelValues("SecretTampered").Inc()
-	r.event(tr, corev1.EventTypeWarning, "SecretTampered", "%s", msg)
+	r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretTampered", "%s", msg)
 	return reconcile.Result{}, nil
 }
 
@@ -448,7 +448,7 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 	if held {
 		r.keys.Delete(keyID(rec))
 		r.Ledger.Transfer(task, debtTask(next, rec.Status.BuildUser))
-		r.Recorder.Eventf(rec, nil, corev1.EventTypeNormal, "HostReleased", "Finish", "task %s ended; removing build user %s from host %s before its slot is freed",
+		r.recordEvent(ctx, rec, rec.Status.Login.Host, corev1.EventTypeNormal, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
 	r.wake(r.Ledger.Release(task))
@@ -515,7 +515,7 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	}
 	if failed != nil {
 		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
-		r.recordEvent(rec, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
+		r.recordEvent(ctx, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
 		if r.QuarantineAfterCleanFailures > 0 && next.Status.CleanFailures >= r.QuarantineAfterCleanFailures {
 			r.quarantineForCleans(ctx, failedDebt.Host, next.Status.Message)
 		}
@@ -567,7 +567,7 @@ func (r *Reconciler) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, m
 		return err
 	}
 	errorSecrets.WithLabelValues(reason).Inc()
-	r.event(tr, corev1.EventTypeWarning, reason, "%s", message)
+	r.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
 	return r.patchMirrors(ctx, tr, mirrorState{platform: platformOf(tr)})
 }
 
@@ -587,7 +587,7 @@ func (r *Reconciler) writeSecret(ctx context.Context, tr *pipelinev1.TaskRun, s 
 		return err
 	}
 	if !ownedBy(&existing, tr.UID) {
-		r.event(tr, corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
+		r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
 		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
 	}
 	if err := r.Client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -21,6 +22,7 @@ import (
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/warning"
 )
 
 // Tasks is what the fleet needs of the TaskRun side.
@@ -259,9 +261,22 @@ func (f *Fleet) Released(ctx context.Context, host string) error {
 	return f.retire(ctx, &rec, "it served its task")
 }
 
+// event tells the operator of a VM's step: an Event on its BuildHost and a log line with the
+// VM, its platform and instance (a warning line for a Warning; see package warning).
 func (f *Fleet) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {
 	f.Recorder.Eventf(rec, nil, eventType, reason, reason, format, args...)
+	log := vmLog.WithValues("host", rec.Name, "platform", rec.Status.Platform, "reason", reason)
+	if st := rec.Status.Instance; st != nil && st.ID != "" {
+		log = log.WithValues("instance", st.ID)
+	}
+	if eventType == corev1.EventTypeWarning {
+		warning.Log(log, fmt.Sprintf(format, args...))
+		return
+	}
+	log.Info(fmt.Sprintf(format, args...))
 }
+
+var vmLog = ctrl.Log.WithName("vm")
 
 func (f *Fleet) warn(rec *berthv1.BuildHost, reason, format string, args ...any) {
 	f.event(rec, corev1.EventTypeWarning, reason, format, args...)

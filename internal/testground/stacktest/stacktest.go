@@ -5,10 +5,13 @@
 package stacktest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -56,21 +59,25 @@ func MainWith(m *testing.M, stack **devstack.Stack, hosts int, options controlle
 		fmt.Fprintln(os.Stderr, "skipping: the stack needs", err)
 		return 0
 	}
-	if path := os.Getenv("BERTH_TEST_LOG"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "FAIL:", err)
-			return 1
-		}
-		defer f.Close()
-		ctrl.SetLogger(zap.New(zap.WriteTo(f), zap.UseDevMode(true)))
-	}
 	dir, err := os.MkdirTemp("", "berth-stack-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	// The controller's log, one JSON object a line: kept where BERTH_TEST_LOG says, and read by
+	// tests of what berth logs (LogLines).
+	logPath = filepath.Join(dir, "controller.log")
+	if path := os.Getenv("BERTH_TEST_LOG"); path != "" {
+		logPath = path
+	}
+	f, err := os.Create(logPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer f.Close()
+	ctrl.SetLogger(zap.New(zap.WriteTo(f)))
 	devOpts := devstack.Options{
 		StateDir: dir,
 		Hosts:    hosts,
@@ -107,6 +114,27 @@ func MainWith(m *testing.M, stack **devstack.Stack, hosts int, options controlle
 	return m.Run()
 }
 
+// logPath is the controller's log of the running package's stack.
+var logPath string
+
+// LogLines returns the lines of the controller's log (each a JSON object) for which keep is
+// true.
+func LogLines(t *testing.T, keep func(line map[string]any) bool) []map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, raw := range bytes.Split(data, []byte("\n")) {
+		var line map[string]any
+		if json.Unmarshal(raw, &line) == nil && keep(line) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 // Options are the controller's defaults for tests: no listeners, no periodic host checks, no
 // wait timeout, failed internal TaskRuns deleted at once.
 func Options() controller.Options {
@@ -131,8 +159,8 @@ func Eventually(t *testing.T, what string, cond func() (bool, error)) {
 	}
 }
 
-// dumpGoroutines writes every goroutine's stack beside the controller's log (BERTH_TEST_LOG),
-// when it is kept: what the controller was stuck on when a wait ran out.
+// dumpGoroutines writes every goroutine's stack beside the controller's log, when it is kept
+// (BERTH_TEST_LOG): what the controller was stuck on when a wait ran out.
 func dumpGoroutines(what string) {
 	path := os.Getenv("BERTH_TEST_LOG")
 	if path == "" {
