@@ -44,14 +44,20 @@ func poll(ctx context.Context, p Polling, progress io.Writer, cond func(context.
 	lastRetried := ""
 	for {
 		done, err := cond(ctx)
-		switch {
-		case done:
+		if done {
 			return nil
-		case err != nil && ctx.Err() == nil && !transient(err):
-			return err
-		case err != nil && ctx.Err() == nil && err.Error() != lastRetried:
-			fmt.Fprintf(progress, "retrying after: %v\n", err)
-			lastRetried = err.Error()
+		}
+		if err != nil {
+			if end := over(ctx); end != nil {
+				return end // the look failed because the wait is over: say so, not what failed
+			}
+			if !transient(err) {
+				return err
+			}
+			if err.Error() != lastRetried {
+				fmt.Fprintf(progress, "retrying after: %v\n", err)
+				lastRetried = err.Error()
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -61,12 +67,26 @@ func poll(ctx context.Context, p Polling, progress io.Writer, cond func(context.
 	}
 }
 
+// over is why a wait is over, or nil. A deadline that has passed ends it even before the
+// context says so: the context learns it from a timer that may fire a moment after a look at
+// the deadline (a timeout that is a multiple of the interval has the last tick and the deadline
+// fall together), and client-go's rate limiter already refuses to send that look.
+func over(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
 func transient(err error) bool {
 	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
 		apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err) ||
 		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
 		// client-go's rate limiter refuses a request it could not send before the deadline;
-		// the wait then ends as a timeout, not as this error.
+		// the wait then ends as a timeout (see over), not as this error.
 		strings.Contains(err.Error(), "client rate limiter")
 }
 

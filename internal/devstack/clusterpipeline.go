@@ -31,9 +31,10 @@ type ClusterRequest struct {
 }
 
 // ClusterRun is how far a ClusterRequest got: the TaskRuns as they ended (nil for one never
-// started because the one before failed) and the cluster's results.
+// started because the one before failed), the space's namespace and the cluster's results.
 type ClusterRun struct {
 	Space, Cluster, Use       *pipelinev1.TaskRun
+	SpaceNamespace            string
 	ClusterName, APIServerURL string
 }
 
@@ -44,8 +45,36 @@ type ClusterRun struct {
 func (s *Stack) RunClusterPipeline(ctx context.Context, req ClusterRequest, limit time.Duration) (*ClusterRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	run, err := s.provisionSpace(ctx, req)
+	if err != nil || !run.Space.IsSuccessful() {
+		return run, err
+	}
+	return run, s.runClusterInSpace(ctx, run, req)
+}
+
+// ProvisionSpace runs berth-provision-space alone, the first TaskRun of RunClusterPipeline, for
+// a caller that shapes the space (gives it a ClusterTemplateQuota, say) before asking for a
+// cluster in it with RunClusterInSpace. It returns when the TaskRun has ended.
+func (s *Stack) ProvisionSpace(ctx context.Context, req ClusterRequest, limit time.Duration) (*ClusterRun, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	return s.provisionSpace(ctx, req)
+}
+
+// RunClusterInSpace runs the rest of RunClusterPipeline in the space ProvisionSpace made for run:
+// berth-ephemeral-cluster, then the Use command. It returns when a TaskRun fails (with the run
+// recording it and no error) or both have succeeded.
+func (s *Stack) RunClusterInSpace(ctx context.Context, run *ClusterRun, req ClusterRequest, limit time.Duration) error {
+	if run.Space == nil || !run.Space.IsSuccessful() {
+		return fmt.Errorf("no space to make cluster %s in: its berth-provision-space TaskRun did not succeed", req.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	return s.runClusterInSpace(ctx, run, req)
+}
+
+func (s *Stack) provisionSpace(ctx context.Context, req ClusterRequest) (*ClusterRun, error) {
 	run := &ClusterRun{}
-	var err error
 	space := &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{Name: req.Name + "-space", Namespace: req.Namespace},
 		Spec: pipelinev1.TaskRunSpec{
@@ -59,9 +88,15 @@ func (s *Stack) RunClusterPipeline(ctx context.Context, req ClusterRequest, limi
 			},
 		},
 	}
-	if run.Space, err = s.runTask(ctx, space); err != nil || !run.Space.IsSuccessful() {
+	var err error
+	if run.Space, err = s.runTask(ctx, space); err != nil {
 		return run, err
 	}
+	run.SpaceNamespace = resultOf(run.Space, "namespace")
+	return run, nil
+}
+
+func (s *Stack) runClusterInSpace(ctx context.Context, run *ClusterRun, req ClusterRequest) error {
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: req.Name + "-credentials", Namespace: req.Namespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -70,7 +105,7 @@ func (s *Stack) RunClusterPipeline(ctx context.Context, req ClusterRequest, limi
 		},
 	}
 	if err := s.ControlPlane.Client.Create(ctx, claim); err != nil && !apierrors.IsAlreadyExists(err) {
-		return run, err
+		return err
 	}
 	credentials := pipelinev1.WorkspaceBinding{Name: "credentials", PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim.Name}}
 	timeout := req.Timeout
@@ -84,7 +119,7 @@ func (s *Stack) RunClusterPipeline(ctx context.Context, req ClusterRequest, limi
 			TaskRef:            &pipelinev1.TaskRef{Name: "berth-ephemeral-cluster"},
 			Params: pipelinev1.Params{
 				param("eaasSpaceSecretRef", resultOf(run.Space, "secretRef")),
-				param("spaceNamespace", resultOf(run.Space, "namespace")),
+				param("spaceNamespace", run.SpaceNamespace),
 				param("template", req.Template),
 				param("timeout", timeout),
 				param("credentialsSecret", req.CredentialsSecret),
@@ -92,12 +127,13 @@ func (s *Stack) RunClusterPipeline(ctx context.Context, req ClusterRequest, limi
 			Workspaces: []pipelinev1.WorkspaceBinding{credentials},
 		},
 	}
+	var err error
 	if run.Cluster, err = s.runTask(ctx, cluster); err != nil || !run.Cluster.IsSuccessful() {
-		return run, err
+		return err
 	}
 	run.ClusterName, run.APIServerURL = resultOf(run.Cluster, "clusterName"), resultOf(run.Cluster, "apiServerURL")
 	if req.Use == nil {
-		return run, nil
+		return nil
 	}
 	args := append([]string{"--kubeconfig", "$(workspaces.credentials.path)/" + resultOf(run.Cluster, "kubeconfig")}, req.Use...)
 	use := &pipelinev1.TaskRun{
@@ -112,7 +148,7 @@ func (s *Stack) RunClusterPipeline(ctx context.Context, req ClusterRequest, limi
 		},
 	}
 	run.Use, err = s.runTask(ctx, use)
-	return run, err
+	return err
 }
 
 // runTask creates a TaskRun and returns it once it has ended.
@@ -157,9 +193,12 @@ func (s *Stack) ReleaseCluster(ctx context.Context, run *ClusterRun, limit time.
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	c := s.ControlPlane.Client
-	spaceNamespace := resultOf(run.Space, "namespace")
+	spaceNamespace := run.SpaceNamespace
 	if err := c.Delete(ctx, run.Space, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 		return err
+	}
+	if spaceNamespace == "" {
+		return nil // the space was never ready: no namespace or cluster to wait for
 	}
 	for {
 		err := c.Get(ctx, client.ObjectKey{Name: spaceNamespace}, &corev1.Namespace{})
