@@ -16,6 +16,12 @@ build:
 	$(GO) build -o bin/berth ./cmd/berth
 	$(GO) build -o bin/berth-dev ./cmd/berth-dev
 
+## kubectl-berth: `kubectl berth status` — bin/kubectl-berth, a link to bin/berth (kubectl runs
+## any kubectl-<name> on PATH as `kubectl <name>`): export PATH=$$PWD/bin:$$PATH
+.PHONY: kubectl-berth
+kubectl-berth: build
+	ln -sf berth bin/kubectl-berth
+
 ## generate: deep-copy code and CRDs of berth's records (api/v1alpha1 → config/crd/bases)
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.1
 generate:

@@ -3,10 +3,17 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
+
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
+
+// KubectlPlugin is the name under which kubectl runs berth (a link to it on PATH) for
+// `kubectl berth ...`.
+const KubectlPlugin = "kubectl-berth"
 
 // NewRootCommand returns the berth command with all its subcommands.
 func NewRootCommand() *cobra.Command {
@@ -24,6 +31,9 @@ through the multi-platform-ssh-<taskrun> secret.`,
 		},
 	}
 	root.PersistentFlags().BoolVar(&development, "log-development", false, "human-readable, verbose logs")
-	root.AddCommand(newControllerCommand(), newConfigCommand(), newHostCommand(), newClusterCommand())
+	root.AddCommand(newControllerCommand(), newConfigCommand(), newHostCommand(), newClusterCommand(), newStatusCommand())
+	if filepath.Base(os.Args[0]) == KubectlPlugin {
+		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl berth"}
+	}
 	return root
 }

@@ -26,6 +26,12 @@ const (
 	AllocationStartTimeAnnotation = prefix + "allocation-start-time"
 )
 
+// QueuePositionAnnotation is berth's own, beside the contract: on a user TaskRun that waits for
+// a host, its place in its platform's queue (1 = next). It is rewritten at most once per
+// TaskRun every 10 seconds, only when the place moved, and goes when the task is served or
+// ends.
+const QueuePositionAnnotation = "berth.dev/queue-position"
+
 // Task types of internal TaskRuns.
 const (
 	TaskTypeProvision = "provision"

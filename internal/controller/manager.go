@@ -61,6 +61,9 @@ type Options struct {
 	LeakGrace     time.Duration
 	// VMPlanInterval is the longest the VM planner waits between passes (5s when zero).
 	VMPlanInterval time.Duration
+	// QueuePositionInterval is the least time between two writes of a waiting TaskRun's
+	// berth.dev/queue-position annotation (10s when zero).
+	QueuePositionInterval time.Duration
 	// Clock, if set, is the VM fleet's clock (max-age, allocation timeouts): tests move it.
 	Clock func() time.Time
 	// Restartable allows a later manager in the same process (a test or the dev stack
@@ -127,6 +130,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
 		Ledger: allocation.New(), Recorder: recorder, NewKey: keys.NewKey,
 		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
+		PositionInterval: o.QueuePositionInterval,
 	}
 	if o.HostCheckInterval > 0 {
 		reconciler.QuarantineAfterCleanFailures = 3

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/config"
 )
@@ -45,6 +46,21 @@ func (w *Watcher) lastGood(ctx context.Context, log logr.Logger) *config.Config 
 	w.stored = []byte(cm.Data[inForceKey])
 	log.Info("read the config in force before the restart", "configmap", InForceConfigMap, "platforms", len(cfg.Platforms))
 	return cfg
+}
+
+// ReadInForce reads the stored config in force: what the controller serves when the labelled
+// ConfigMap is missing or broken, and the base each edit of it is merged onto. nil when none is
+// stored yet.
+func ReadInForce(ctx context.Context, r client.Reader, namespace string) (*config.Config, error) {
+	var cm corev1.ConfigMap
+	err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: InForceConfigMap}, &cm)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return config.UnmarshalSnapshot([]byte(cm.Data[inForceKey]))
 }
 
 // restoreLastGood puts the stored config in force when nothing is yet: after a restart, a

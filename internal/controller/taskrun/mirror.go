@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ type mirrorState struct {
 	waiting   bool   // waiting-for-platform
 	finalizer bool
 	failed    string // failed-hosts, comma list
+	position  int    // queue-position while waiting; 0 for none
 }
 
 func mirrorOf(rec *berthv1.Allocation) mirrorState {
@@ -52,6 +54,12 @@ func (m mirrorState) apply(tr *pipelinev1.TaskRun) {
 	}
 	setOrDelete(tr.Labels, contract.AssignedHostLabel, m.host)
 	setOrDelete(tr.Labels, contract.WaitingForPlatformLabel, map[bool]string{true: contract.PlatformLabelValue(m.platform)}[m.waiting])
+	if position := m.queuePosition(); position != "" || tr.Annotations[contract.QueuePositionAnnotation] != "" {
+		if tr.Annotations == nil {
+			tr.Annotations = map[string]string{}
+		}
+		setOrDelete(tr.Annotations, contract.QueuePositionAnnotation, position)
+	}
 	if m.finalizer {
 		controllerutil.AddFinalizer(tr, contract.Finalizer)
 	} else {
@@ -69,6 +77,13 @@ func (m mirrorState) apply(tr *pipelinev1.TaskRun) {
 	}
 }
 
+func (m mirrorState) queuePosition() string {
+	if !m.waiting || m.position == 0 {
+		return ""
+	}
+	return strconv.Itoa(m.position)
+}
+
 func setOrDelete(m map[string]string, key, value string) {
 	if value == "" {
 		delete(m, key)
@@ -77,18 +92,21 @@ func setOrDelete(m map[string]string, key, value string) {
 	}
 }
 
-// mirror brings the TaskRun's mirrors in line with its record. When they differ from what
-// berth itself last wrote, a tenant edited them: the edit is reverted, at most once per
-// MirrorRevertInterval per TaskRun and with an Event, and changes nothing else.
+// mirror brings the TaskRun's mirrors in line with its record (and a waiter's place in line
+// with the ledger, see queuePosition). When they differ from what berth itself last wrote, a
+// tenant edited them: the edit is reverted, at most once per MirrorRevertInterval per TaskRun
+// and with an Event, and changes nothing else.
 func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	r.noteMirrorSet(tr.UID)
 	want := mirrorOf(rec)
+	var held time.Duration // a moved place waits this long to be shown
+	want.position, held = r.queuePosition(tr, rec)
 	last, wrote := r.mirrors.Load(tr.UID)
 	if wrote && last.(mirrorState) == want {
 		probe := tr.DeepCopy()
 		want.apply(probe)
 		if sameMetadata(tr, probe) {
-			return reconcile.Result{}, nil
+			return reconcile.Result{RequeueAfter: held}, nil
 		}
 		if left := r.revertWait(tr); left > 0 {
 			return reconcile.Result{RequeueAfter: left}, nil
@@ -107,7 +125,7 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	if !want.ended {
 		r.mirrors.Store(tr.UID, want)
 	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{RequeueAfter: held}, nil
 }
 
 // patchMirrors writes m with a merge patch under optimistic locking. Cached TaskRuns are
@@ -116,10 +134,13 @@ func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m
 	r.noteMirrorSet(tr.UID)
 	before := tr.DeepCopy()
 	m.apply(tr)
-	if sameMetadata(before, tr) {
-		return nil
+	if !sameMetadata(before, tr) {
+		if err := r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+			return err
+		}
 	}
-	return r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	r.notePosition(tr, m.position)
+	return nil
 }
 
 // noteMirrorSet counts that the TaskRun's mirrors were set from what berth knows now.

@@ -59,6 +59,9 @@ type Reconciler struct {
 	// QuarantineAfterCleanFailures quarantines a host once a clean failed that many times in
 	// a row; 0 never does.
 	QuarantineAfterCleanFailures int
+	// PositionInterval is the least time between two writes of a waiting TaskRun's place in
+	// line (DefaultPositionInterval when zero).
+	PositionInterval time.Duration
 
 	wakeups  chan event.GenericEvent
 	restore  sync.Mutex
@@ -70,6 +73,9 @@ type Reconciler struct {
 	// mirrorSets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
 	mirrorSets sync.Map
+	// positions holds the place in line last written on each waiting TaskRun (allocation.Task
+	// → positionMark).
+	positions sync.Map
 	// started is when this controller started: only TaskRuns older than that can have been
 	// served by the controller berth replaces.
 	started time.Time

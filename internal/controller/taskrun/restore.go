@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"slices"
 	"strconv"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -41,6 +42,7 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return false, err
 	}
+	r.restoreTurns(list.Items)
 	for i := range list.Items {
 		r.restoreRecord(&list.Items[i])
 	}
@@ -62,6 +64,24 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 		r.wakeKey(ref.Namespace, ref.Name)
 	}
 	return true, nil
+}
+
+// restoreTurns tells the ledger whose turn came when, in the order the records' slots were
+// reserved, so that namespaces take turns after a restart as they did before it (and as
+// `berth status`, which rebuilds the ledger the same way, shows).
+func (r *Reconciler) restoreTurns(records []berthv1.Allocation) {
+	var reserved []*berthv1.Allocation
+	for i := range records {
+		if records[i].Status.ReservedAt != nil {
+			reserved = append(reserved, &records[i])
+		}
+	}
+	slices.SortStableFunc(reserved, func(a, b *berthv1.Allocation) int {
+		return a.Status.ReservedAt.Time.Compare(b.Status.ReservedAt.Time)
+	})
+	for _, rec := range reserved {
+		r.Ledger.RestoreTurn(rec.Spec.Platform, rec.Spec.TaskRun.Namespace)
+	}
 }
 
 func (r *Reconciler) restoreRecord(rec *berthv1.Allocation) {

@@ -41,6 +41,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.MirrorRevertInterval == 0 {
 		r.MirrorRevertInterval = time.Minute
 	}
+	if r.PositionInterval == 0 {
+		r.PositionInterval = DefaultPositionInterval
+	}
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
@@ -67,6 +70,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
 	if err != nil {
+		return err
+	}
+	if err := mgr.Add(PositionRefresh{Reconciler: r}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).

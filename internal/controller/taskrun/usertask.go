@@ -215,8 +215,11 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		rec = next
 		r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 	}
-	_, err := r.mirror(ctx, tr, rec)
-	return reconcile.Result{RequeueAfter: left}, err
+	res, err := r.mirror(ctx, tr, rec) // it may hold a moved place back a while
+	if left > 0 && (res.RequeueAfter == 0 || left < res.RequeueAfter) {
+		res.RequeueAfter = left
+	}
+	return res, err
 }
 
 // provision sees the build user's creation through and hands the task its secret.

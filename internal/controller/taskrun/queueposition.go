@@ -1,0 +1,145 @@
+package taskrun
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+)
+
+// A waiting TaskRun shows its place in line in the annotation berth.dev/queue-position, a mirror
+// like the labels: the ledger's position, written by mirror. A hand-over moves every waiter
+// behind it without reconciling any of them, so a leader-only loop (PositionRefresh) wakes the
+// waiters whose place moved. Two bounds keep a long queue from turning into a write storm: one
+// TaskRun's annotation is rewritten at most once per PositionInterval, and only when its place
+// moved; and the loop wakes at most positionWritesPerInterval TaskRuns per interval, the front
+// of the queues first.
+
+// DefaultPositionInterval is the least time between two writes of one TaskRun's position.
+const DefaultPositionInterval = 10 * time.Second
+
+// positionWritesPerInterval bounds the position refreshes of all TaskRuns in one interval.
+const positionWritesPerInterval = 50
+
+// refreshesPerInterval is how often the refresh loop looks, per interval: a place that moved is
+// shown at most an interval and a fifth after the last write.
+const refreshesPerInterval = 5
+
+// positionMark is the position last written on a TaskRun, and when.
+type positionMark struct {
+	uid      types.UID
+	position int
+	at       time.Time
+}
+
+// queuePosition is the position the TaskRun's annotation should show now (0: none), and, when
+// the place moved too soon after the last write, the time until it may be written.
+func (r *Reconciler) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (int, time.Duration) {
+	if rec == nil || (rec.Status.Phase != berthv1.PhaseWaiting && rec.Status.Phase != "") {
+		return 0, 0
+	}
+	mark, marked := r.positionMark(tr)
+	now := r.Ledger.Position(rec.Spec.Platform, taskOf(tr))
+	if now == 0 {
+		// Not queued in the ledger at this instant (between a release and the next Acquire):
+		// the place last shown stands.
+		return mark.position, 0
+	}
+	return heldPosition(mark, marked, now, r.now(), r.PositionInterval)
+}
+
+// heldPosition applies the bound: a moved place is written once interval has passed since the
+// last write; until then the last written one stands, for the time returned.
+func heldPosition(last positionMark, written bool, position int, now time.Time, interval time.Duration) (int, time.Duration) {
+	if !written || last.position == position {
+		return position, 0
+	}
+	if since := now.Sub(last.at); since < interval {
+		return last.position, interval - since
+	}
+	return position, 0
+}
+
+func (r *Reconciler) positionMark(tr *pipelinev1.TaskRun) (positionMark, bool) {
+	v, ok := r.positions.Load(taskOf(tr))
+	if !ok || v.(positionMark).uid != tr.UID {
+		return positionMark{}, false
+	}
+	return v.(positionMark), true
+}
+
+// notePosition records the position the TaskRun's metadata now shows.
+func (r *Reconciler) notePosition(tr *pipelinev1.TaskRun, position int) {
+	if position == 0 {
+		r.positions.Delete(taskOf(tr))
+		return
+	}
+	if mark, ok := r.positionMark(tr); ok && mark.position == position {
+		return
+	}
+	r.positions.Store(taskOf(tr), positionMark{uid: tr.UID, position: position, at: r.now()})
+}
+
+// PositionRefresh wakes the waiting TaskRuns whose place in line moved since their annotation
+// was written. It runs on the leader only, like the reconciles that write.
+type PositionRefresh struct{ Reconciler *Reconciler }
+
+// NeedLeaderElection: only the leader's ledger serves.
+func (p PositionRefresh) NeedLeaderElection() bool { return true }
+
+// Start looks refreshesPerInterval times per PositionInterval until ctx ends.
+func (p PositionRefresh) Start(ctx context.Context) error {
+	r := p.Reconciler
+	ticker := time.NewTicker(r.PositionInterval / refreshesPerInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+			r.wake(r.movedPositions(positionWritesPerInterval / refreshesPerInterval))
+		}
+	}
+}
+
+// movedPositions returns up to budget waiters whose place moved and whose annotation may be
+// rewritten, front of the queues first; and forgets the marks of tasks that wait no more.
+func (r *Reconciler) movedPositions(budget int) []allocation.Task {
+	type moved struct {
+		task     allocation.Task
+		position int
+	}
+	var candidates []moved
+	waiting := map[allocation.Task]bool{}
+	now := r.now()
+	for platform := range r.Ledger.Waiting() {
+		for i, task := range r.Ledger.Queue(platform) {
+			waiting[task] = true
+			v, ok := r.positions.Load(task)
+			if !ok {
+				continue // never shown yet: its own reconcile writes it
+			}
+			if mark := v.(positionMark); mark.position != i+1 && now.Sub(mark.at) >= r.PositionInterval {
+				candidates = append(candidates, moved{task, i + 1})
+			}
+		}
+	}
+	r.positions.Range(func(k, v any) bool {
+		// A mark written since the queues were read may be of a task that waits now.
+		if !waiting[k.(allocation.Task)] && v.(positionMark).at.Before(now) {
+			r.positions.Delete(k)
+		}
+		return true
+	})
+	slices.SortFunc(candidates, func(a, b moved) int { return a.position - b.position })
+	var out []allocation.Task
+	for _, c := range candidates[:min(budget, len(candidates))] {
+		out = append(out, c.task)
+	}
+	return out
+}
