@@ -354,12 +354,15 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	msg := fmt.Sprintf("the secret %s was changed or deleted after berth wrote it, so it can no longer be trusted; berth will not touch build user %s again except to remove it. Re-run the task.",
 		tasksecret.Name(tr.Name), rec.Status.BuildUser)
 	errSecret := tasksecret.ForError(ownerOf(tr), msg)
-	if err := r.writeSecret(ctx, tr, errSecret); err != nil {
-		return reconcile.Result{}, err
-	}
+	// The record first: once the tenant sees the error secret, berth's records already say the
+	// user is not to be touched again. A crash between the two writes leaves a record whose
+	// digest the secret does not match, which brings the next pass back here.
 	next := rec.DeepCopy()
 	next.Status.SecretTampered, next.Status.SecretDigest, next.Status.Message = true, digest(errSecret.Data), msg
 	if err := r.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.writeSecret(ctx, tr, errSecret); err != nil {
 		return reconcile.Result{}, err
 	}
 	r.noteRevert(tr)
