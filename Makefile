@@ -22,6 +22,14 @@ build:
 kubectl-berth: build
 	ln -sf berth bin/kubectl-berth
 
+## image: the image IMG with podman: a static ./cmd/berth and Debian's CA bundle, FROM scratch
+## (Containerfile; nothing is pulled). config/manager and config/tasks run this IMG.
+IMG ?= ghcr.io/berth-ci/berth:latest
+.PHONY: image
+image: prereqs
+	@IMG=$(IMG) hack/image.sh >/dev/null
+	@echo "built $(IMG)"
+
 ## generate: deep-copy code and CRDs of berth's records (api/v1alpha1 → config/crd/bases)
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.1
 generate:

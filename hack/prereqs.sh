@@ -4,9 +4,12 @@
 # mount namespaces), and for remote builds as the buildah-remote Tasks make them: rsync (both
 # ends), jq and buildah (what a build task's steps call in the Tekton stand-in, as their image
 # would have it; the stand-in brings its own /usr/bin/retry), and uidmap (the test hosts'
-# podman stand-in builds real images with buildah, rootless). As root it installs what is
-# missing with apt; otherwise it says what is missing. With CI=true anything still missing is
-# an error, so CI never skips those tests.
+# podman stand-in builds real images with buildah, rootless), and for berth's own image (make
+# image, test/deploy): podman, runc (Debian's podman defaults to crun, which cannot run a
+# container on a host with cgroups v1 and v2 mounted side by side) and ca-certificates (the CA
+# bundle the image carries). As root it installs what is missing with apt; otherwise it says
+# what is missing. With CI=true anything still missing is an error, so CI never skips those
+# tests.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -18,6 +21,9 @@ command -v rsync >/dev/null || need+=(rsync)
 command -v jq >/dev/null || need+=(jq)
 command -v buildah >/dev/null || need+=(buildah)
 command -v newuidmap >/dev/null || need+=(uidmap)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
