@@ -22,6 +22,7 @@ type console struct {
 	w     io.Writer
 	live  bool
 	width int      // the terminal's columns, when live
+	rows  int      // the terminal's rows, when live
 	table []string // the table as drawn, when live
 }
 
@@ -29,8 +30,8 @@ func newConsole(w io.Writer) *console {
 	c := &console{w: w}
 	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) && os.Getenv("TERM") != "dumb" {
 		c.live = true
-		if width, _, err := term.GetSize(int(f.Fd())); err == nil && width > 0 {
-			c.width = width
+		if width, rows, err := term.GetSize(int(f.Fd())); err == nil && width > 0 {
+			c.width, c.rows = width, rows
 		}
 	}
 	return c
@@ -66,6 +67,12 @@ func (c *console) setTable(lines []string) {
 		return
 	}
 	c.erase()
+	// The cursor cannot go up past the top of the screen: a table taller than it keeps its
+	// header and newest rows.
+	if c.rows > 4 && len(lines) > c.rows-2 {
+		keep := c.rows - 4
+		lines = append(append(lines[:2:2], fmt.Sprintf("  ... %d more", len(lines)-2-keep)), lines[len(lines)-keep:]...)
+	}
 	c.table = lines
 	c.draw()
 }
