@@ -49,6 +49,10 @@ against the cluster, then deleting the run, which takes space and cluster with i
 namespaced object without a namespace goes to "builds"), prints how to reach everything, and
 tears it all down on Ctrl-C. With --once it exits after the samples have finished, 0 if they
 succeeded.
+It prints a line per component as it comes up and then the user TaskRuns (a table redrawn in
+place on a terminal, a line per change elsewhere); logs go to <state-dir>/berth.log and
+<state-dir>/logs/. Every component is watched: when one stops or fails to start, dev says which
+and why, tears the rest down and exits non-zero.
 Steps of berth's image run the production berth (bin/berth beside berth-dev, or --berth-binary).
 Needs the binaries of 'make testbin' and 'make build', and, for hosts and step scripts, root and
 openssh-server.`,
@@ -81,6 +85,10 @@ openssh-server.`,
 			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
 			stack, err := devstack.Up(ctx, opts)
 			if err != nil {
+				if ctx.Err() != nil { // Ctrl-C while it came up: no component failed
+					con.Printf("\nberth dev: interrupted while the stack came up; what had started is stopped (%v)", err)
+					return nil
+				}
 				con.failed(err)
 				return err
 			}
@@ -109,7 +117,7 @@ openssh-server.`,
 	cmd.Flags().BoolVar(&opts.VMCloud, "vm-cloud", true, "start the local VM cloud (and its EC2 stand-in) and serve linux/arm64 (a VM per task, type aws) and linux/ppc64le (pooled VMs, type local-vm) from it")
 	cmd.Flags().BoolVar(&opts.ClusterServices, "clusters", true, "serve ephemeral clusters: the real space and cluster-template CRDs (../shared/real/crds) and stand-ins of their services")
 	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none: then no controller or samples either)")
-	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
+	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key, known_hosts and logs are written")
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
 	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics; 0 disables them")
 	cmd.Flags().StringArrayVar(&apply, "apply", nil, "a YAML file of objects to create once the stack is up, as kubectl apply -f would (repeatable)")
