@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"k8s.io/klog/v2"
@@ -80,7 +81,7 @@ openssh-server.`,
 			con := newConsole(cmd.OutOrStdout())
 			opts.LogDir = filepath.Join(opts.StateDir, "logs")
 			con.Printf("berth dev: logs in %s (etcd, kube-apiserver and kube-controller-manager in %s/)", logPath, opts.LogDir)
-			opts.StepOutput, opts.VMCloudLog = con, logFile
+			opts.StepOutput, opts.VMCloudLog = con, lineLogger{ctrl.Log.WithName("dev")}
 			opts.Progress = func(st devstack.Step) { con.step(st.Component, st.Took, st.Detail) }
 			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
 			stack, err := devstack.Up(ctx, opts)
@@ -311,6 +312,17 @@ func logToFile(path string, development bool) (*os.File, error) {
 	ctrl.SetLogger(logger)
 	klog.SetLogger(logger)
 	return f, nil
+}
+
+// lineLogger logs each line written to it (the VM cloud's and the EC2 stand-in's accounts) as an
+// entry of berth.log, like every other log there.
+type lineLogger struct{ log logr.Logger }
+
+func (l lineLogger) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		l.log.Info(line)
+	}
+	return len(p), nil
 }
 
 // freeLocalAddress is a loopback address with a port nothing listens on now.
