@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -12,8 +13,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/controller"
@@ -45,40 +50,75 @@ against the cluster, then deleting the run, which takes space and cluster with i
 namespaced object without a namespace goes to "builds"), prints how to reach everything, and
 tears it all down on Ctrl-C. With --once it exits after the samples have finished, 0 if they
 succeeded.
+It prints a line per component as it comes up and then the user TaskRuns (a table redrawn in
+place on a terminal, a line per change elsewhere); logs go to <state-dir>/berth.log and
+<state-dir>/logs/. Every component is watched: when one stops or fails to start, dev says which
+and why, tears the rest down and exits non-zero.
 Steps of berth's image run the production berth (bin/berth beside berth-dev, or --berth-binary).
 Needs the binaries of 'make testbin' and 'make build', and, for hosts and step scripts, root and
 openssh-server.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+		// berth's root command would send controller-runtime's logs to the terminal; dev sends
+		// them to its log file (see logToFile).
+		PersistentPreRun: func(*cobra.Command, []string) {},
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			// Ctrl-C also reaches whatever reads our output (make run | tee); once it is gone, a
 			// write to stdout must not kill us with SIGPIPE halfway through the teardown.
 			signal.Ignore(syscall.SIGPIPE)
-			out := cmd.OutOrStdout()
-			opts.StepOutput = out
+			var err error
 			if opts.BerthBinary, err = productionBerth(berthBinary); err != nil {
 				return err
 			}
-			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
-			stack, err := devstack.Up(ctx, opts)
+			development, _ := cmd.Flags().GetBool("log-development")
+			logPath := filepath.Join(opts.StateDir, "berth.log")
+			logFile, err := logToFile(logPath, development)
 			if err != nil {
 				return err
 			}
-			err = runBerth(ctx, stack, metrics, once, apply, out)
-			fmt.Fprintln(out, "\nstopping the dev stack ...")
+			defer logFile.Close()
+			con := newConsole(cmd.OutOrStdout())
+			opts.LogDir = filepath.Join(opts.StateDir, "logs")
+			con.Printf("berth dev: logs in %s (etcd, kube-apiserver and kube-controller-manager in %s/)", logPath, opts.LogDir)
+			opts.StepOutput, opts.VMCloudLog = con, lineLogger{ctrl.Log.WithName("dev")}
+			opts.Progress = func(st devstack.Step) { con.step(st.Component, st.Took, st.Detail) }
+			opts.RunScripts = func(*pipelinev1.TaskRun) bool { return os.Geteuid() == 0 }
+			stack, err := devstack.Up(ctx, opts)
+			if err != nil {
+				if ctx.Err() != nil { // Ctrl-C while it came up: no component failed
+					con.Printf("\nberth dev: interrupted while the stack came up; what had started is stopped (%v)", err)
+					return nil
+				}
+				con.failed(err)
+				return err
+			}
+			runCtx, cancel := stack.Supervisor.Guard(ctx)
+			runErr := runBerth(runCtx, stack, metrics, once, apply, con)
+			cancel()
+			err = outcome(runErr, stack.Supervisor.Err())
+			con.failed(err)
+			con.Printf("\nstopping the dev stack ...")
 			// Teardown must finish even though the signal context is done.
 			if downErr := stack.Down(); downErr != nil {
-				return fmt.Errorf("tearing down: %w", downErr)
+				// Told apart from the run's own failure, which stays the command's error.
+				for _, line := range strings.Split(downErr.Error(), "\n") {
+					con.Printf("  teardown: %s", line)
+				}
+				con.Printf("stopped, with the teardown errors above.")
+				if err == nil {
+					err = fmt.Errorf("tearing down: %w", downErr)
+				}
+				return err
 			}
-			fmt.Fprintln(out, "stopped; nothing left running.")
+			con.Printf("stopped; nothing left running.")
 			return err
 		},
 	}
 	cmd.Flags().BoolVar(&opts.VMCloud, "vm-cloud", true, "start the local VM cloud (and its EC2 stand-in) and serve linux/arm64 (a VM per task, type aws) and linux/ppc64le (pooled VMs, type local-vm) from it")
 	cmd.Flags().BoolVar(&opts.ClusterServices, "clusters", true, "serve ephemeral clusters: the real space and cluster-template CRDs (../shared/real/crds) and stand-ins of their services")
 	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none: then no controller or samples either)")
-	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key and known_hosts are written")
+	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key, known_hosts and logs are written")
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
 	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics; 0 disables them")
 	cmd.Flags().StringArrayVar(&apply, "apply", nil, "a YAML file of objects to create once the stack is up, as kubectl apply -f would (repeatable)")
@@ -109,8 +149,8 @@ func productionBerth(flag string) (string, error) {
 }
 
 // runBerth starts the controller with the sample config, runs the samples, and waits: for them
-// with --once, else for Ctrl-C.
-func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once bool, apply []string, out io.Writer) error {
+// with --once, else for Ctrl-C (or the stack's failure: ctx is guarded by its supervisor).
+func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once bool, apply []string, con *console) error {
 	const ctrlC = "\nPress Ctrl-C to stop; everything above is torn down."
 	applyFiles := func() error {
 		if len(apply) == 0 {
@@ -120,55 +160,94 @@ func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once b
 		if err != nil {
 			return fmt.Errorf("--apply: %w", err)
 		}
-		fmt.Fprintf(out, "  applied        %s\n", strings.Join(objs, ", "))
+		con.Printf("  applied        %s", strings.Join(objs, ", "))
 		return nil
 	}
 	if stack.Fleet == nil {
-		stack.Describe(out)
+		stack.Describe(con)
 		if err := applyFiles(); err != nil {
 			return err
 		}
-		fmt.Fprintln(out, ctrlC)
+		con.Printf(ctrlC)
 		<-ctx.Done()
 		return nil
 	}
+	began := time.Now()
 	data := stack.StaticHostConfig("linux/s390x", 2, "linux/amd64")
+	platforms := fmt.Sprintf("linux/s390x on %d static hosts, linux/amd64 local", len(stack.Fleet.Hosts))
 	if stack.VMCloud != nil {
 		stack.AddDynamicPlatform(data, devstack.DynamicPlatform, devstack.DynamicSettings{Provider: devstack.ProviderAWS, MaxInstances: 2})
 		stack.AddDynamicPlatform(data, devstack.PoolPlatform, devstack.DynamicSettings{MaxInstances: 2, Concurrency: 2, MaxAgeMinutes: 10})
+		platforms += fmt.Sprintf(", %s a VM each (aws), %s pooled VMs (local-vm)", devstack.DynamicPlatform, devstack.PoolPlatform)
 	}
 	if _, err := stack.ApplyHostConfig(ctx, data); err != nil {
 		return err
 	}
-	o := controller.DefaultOptions()
-	o.MetricsAddress, o.HealthProbeAddress = metrics, "0"
-	if err := stack.StartController(o); err != nil {
+	con.step("host config", time.Since(began), platforms)
+
+	began = time.Now()
+	health, err := freeLocalAddress()
+	if err != nil {
 		return err
 	}
-	stack.Describe(out)
-	if metrics != "0" {
-		fmt.Fprintf(out, "  berth          controller running as ServiceAccount %s/%s; metrics at http://%s/metrics\n", devstack.Namespace, devstack.ControllerServiceAccount, metrics)
+	o := controller.DefaultOptions()
+	o.MetricsAddress, o.HealthProbeAddress, o.LeaderElection = metrics, health, true
+	if err := stack.StartController(o); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) && metrics != "0" {
+			err = fmt.Errorf("%w (another program holds it: pass --metrics-bind-address another address, or 0 for no metrics)", err)
+		}
+		return err
 	}
+	con.step(devstack.ControllerComponent, time.Since(began), fmt.Sprintf("leader (lease %s/%s), caches synced, ready at http://%s/readyz",
+		devstack.Namespace, o.LeaderElectionID, health))
+	con.Printf("")
+	stack.Describe(con)
+	served := "no metrics (--metrics-bind-address 0)"
+	if metrics != "0" {
+		served = "metrics at http://" + metrics + "/metrics"
+	}
+	con.Printf("  berth          controller as ServiceAccount %s/%s; %s", devstack.Namespace, devstack.ControllerServiceAccount, served)
+
+	table := newTaskRunTable(con, stack.Board())
+	tableCtx, stopTable := context.WithCancel(ctx)
+	tableDone := make(chan struct{})
+	go func() {
+		defer close(tableDone)
+		table.run(tableCtx)
+	}()
+	defer func() {
+		stopTable()
+		<-tableDone
+		if ctx.Err() == nil { // the stack is well: show how the TaskRuns ended
+			final, cancel := context.WithTimeout(ctx, 5*time.Second)
+			table.refresh(final)
+			cancel()
+		}
+		con.keepTable()
+	}()
+
 	samples, err := stack.ApplySamples(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "  samples        %d TaskRuns in namespace %s: kubectl get taskruns -n %s\n", len(samples), devstack.SampleNamespace, devstack.SampleNamespace)
+	con.Printf("  samples        %d TaskRuns in namespace %s", len(samples), devstack.SampleNamespace)
 	if err := applyFiles(); err != nil {
 		return err
 	}
-	fmt.Fprintln(out)
+	con.Printf("")
 	summary, err := stack.WaitForSamples(ctx, samples, 3*time.Minute)
+	table.refresh(ctx)
 	if summary != "" {
-		fmt.Fprintln(out, "berth dev: "+summary)
+		con.Printf("berth dev: " + summary)
 	}
 	if err != nil {
 		return err
 	}
 	if stack.CaaS != nil {
 		summary, err := ephemeralClusterSample(ctx, stack)
+		table.refresh(ctx)
 		if summary != "" {
-			fmt.Fprintln(out, "berth dev: "+summary)
+			con.Printf("berth dev: " + summary)
 		}
 		if err != nil {
 			return err
@@ -177,9 +256,83 @@ func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once b
 	if once {
 		return nil
 	}
-	fmt.Fprintln(out, ctrlC)
+	con.Printf(ctrlC)
 	<-ctx.Done()
 	return nil
+}
+
+// outcome is the run's error: the component that stopped, if one did, and the run's own
+// failure unless it is only that stop seen from the run.
+func outcome(runErr error, failure *devstack.ComponentError) error {
+	if failure == nil {
+		return runErr
+	}
+	var ce *devstack.ComponentError
+	if errors.As(runErr, &ce) {
+		if ce == failure {
+			return failure
+		}
+		if ce.Component == failure.Component {
+			return runErr // the same stop, told while starting it
+		}
+	}
+	if runErr == nil || errors.Is(runErr, context.Canceled) {
+		return failure
+	}
+	return errors.Join(failure, fmt.Errorf("then: %w", runErr))
+}
+
+// failed tells a person what went wrong, with the last lines of the log of the component that
+// stopped, before the stack is torn down.
+func (c *console) failed(err error) {
+	if err == nil {
+		return
+	}
+	c.Printf("\nberth dev: %v", err)
+	var ce *devstack.ComponentError
+	if errors.As(err, &ce) && ce.LogTail != "" {
+		c.Printf("  last lines of %s:", ce.LogPath)
+		for _, line := range strings.Split(ce.LogTail, "\n") {
+			c.Printf("    %s", line)
+		}
+	}
+}
+
+// logToFile sends controller-runtime's logs (the controller's and the stand-ins') and
+// client-go's (leader election) to a new file at path.
+func logToFile(path string, development bool) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	logger := zap.New(zap.WriteTo(f), zap.UseDevMode(development))
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	return f, nil
+}
+
+// lineLogger logs each line written to it (the VM cloud's and the EC2 stand-in's accounts) as an
+// entry of berth.log, like every other log there.
+type lineLogger struct{ log logr.Logger }
+
+func (l lineLogger) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		l.log.Info(line)
+	}
+	return len(p), nil
+}
+
+// freeLocalAddress is a loopback address with a port nothing listens on now.
+func freeLocalAddress() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 // ephemeralClusterSample runs what an integration pipeline does with an ephemeral cluster: a

@@ -1,6 +1,9 @@
 package devcli
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -8,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/devstack"
 )
 
 // berth-dev's controller serves what the production one does, and the test ground's VM cloud.
@@ -46,5 +50,55 @@ func TestDevNeedsTheProductionBerth(t *testing.T) {
 	self, _ := os.Executable()
 	if err == nil || !strings.Contains(err.Error(), filepath.Join(filepath.Dir(self), "berth")) || !strings.Contains(err.Error(), "run make build") {
 		t.Errorf("dev without bin/berth: %v; want an error naming the berth beside it and saying to run make build", err)
+	}
+}
+
+// The run's error is the component that stopped, and the run's own failure when it is more
+// than that stop seen from the run: neither is dropped, nor told twice.
+func TestOutcome(t *testing.T) {
+	etcd := &devstack.ComponentError{Component: "etcd", Err: errors.New("exited")}
+	samplesFailed := errors.New("samples failed: remote-build-s390x: exit status 1")
+	for _, tc := range []struct {
+		name    string
+		run     error
+		failure *devstack.ComponentError
+		want    []string // in the error, in this order
+		not     string
+	}{
+		{"nothing failed", nil, nil, nil, ""},
+		{"the run failed", samplesFailed, nil, []string{"samples failed"}, ""},
+		{"a component stopped", nil, etcd, []string{"etcd: exited"}, ""},
+		{"the run saw the stop", fmt.Errorf("waiting for the samples: %w", etcd), etcd, []string{"etcd: exited"}, "waiting for the samples"},
+		{"the run was cancelled by the stop", fmt.Errorf("creating sample: %w", context.Canceled), etcd, []string{"etcd: exited"}, "creating sample"},
+		{"both", samplesFailed, etcd, []string{"etcd: exited", "samples failed"}, ""},
+		{"the same component, told while starting it",
+			fmt.Errorf("%w (a hint)", &devstack.ComponentError{Component: "etcd", Err: errors.New("exited")}), etcd, []string{"etcd: exited (a hint)"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := outcome(tc.run, tc.failure)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("error %v, want none", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want %q", tc.want)
+			}
+			msg, at := err.Error(), 0
+			for _, w := range tc.want {
+				i := strings.Index(msg[at:], w)
+				if i < 0 {
+					t.Fatalf("error %q lacks %q after position %d", msg, w, at)
+				}
+				at += i + len(w)
+			}
+			if tc.not != "" && strings.Contains(msg, tc.not) {
+				t.Errorf("error %q says %q", msg, tc.not)
+			}
+			if strings.Count(msg, "etcd: exited") > 1 {
+				t.Errorf("error %q tells etcd's stop twice", msg)
+			}
+		})
 	}
 }

@@ -43,19 +43,24 @@ func clusterCRDs() (string, error) { return realdata.CRDDir() }
 // startClusterServices starts the stand-ins of the space and cluster services on the control
 // plane (which serves their CRDs) and offers the dev stack's templates.
 func (s *Stack) startClusterServices(ctx context.Context) error {
+	// The stand-ins run as long as the stack does, whatever ctx bounds the start: Down stops
+	// them.
+	lifetime := context.WithoutCancel(ctx)
 	var err error
 	if s.Spaces, err = spacestandin.New(s.ControlPlane.Config, spacestandin.Options{}); err != nil {
 		return err
 	}
-	if err := s.Spaces.Start(ctx); err != nil {
-		return fmt.Errorf("space stand-in: %w", err)
+	if err := s.Spaces.Start(lifetime); err != nil {
+		return &ComponentError{Component: SpaceStandInComponent, Err: err}
 	}
+	s.Supervisor.Watch(Component{Name: SpaceStandInComponent, Done: s.Spaces.Done(), Exit: s.Spaces.Err})
 	if s.CaaS, err = caasstandin.New(s.ControlPlane.Config); err != nil {
 		return err
 	}
-	if err := s.CaaS.Start(ctx); err != nil {
-		return fmt.Errorf("CaaS stand-in: %w", err)
+	if err := s.CaaS.Start(lifetime); err != nil {
+		return &ComponentError{Component: CaaSStandInComponent, Err: err}
 	}
+	s.Supervisor.Watch(Component{Name: CaaSStandInComponent, Done: s.CaaS.Done(), Exit: s.CaaS.Err})
 	for name, definition := range map[string]string{SharedTemplate: caasstandin.DefinitionReady, BYOCTemplate: caasstandin.DefinitionCredentials} {
 		if err := s.AddClusterTemplate(ctx, name, definition, 0); err != nil {
 			return err

@@ -10,15 +10,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
@@ -65,6 +69,19 @@ type Options struct {
 	// image: the production berth (berth-dev passes bin/berth), not berth-dev. The kubectl
 	// of `make testbin` serves steps of KubectlImage.
 	BerthBinary string
+	// LogDir, if set, keeps the logs of etcd, kube-apiserver and kube-controller-manager
+	// (<program>.log), whose last lines then go with their failure.
+	LogDir string
+	// Progress, if set, hears of each component once it is up.
+	Progress func(Step)
+}
+
+// Step is one component of the stack come up.
+type Step struct {
+	Component string
+	Took      time.Duration
+	// Detail says what is up, in a few words.
+	Detail string
 }
 
 // Stack is a running local stack.
@@ -81,14 +98,35 @@ type Stack struct {
 	AdminKeyPath   string
 	KnownHostsPath string
 
+	// Supervisor watches every component above and the controller; the first to stop while
+	// the stack runs is its failure (see Supervisor.Guard).
+	Supervisor *Supervisor
+
 	stopStandIn    context.CancelFunc
-	standInDone    chan error
+	standInDone    chan struct{}
+	standInErr     error // once standInDone is closed
 	stopController func() error
 	files          []string
 	dirs           []string
 }
 
-// Up starts the stack. On error, whatever it had started is stopped again.
+// Names of the stack's components in progress lines and failures (ssh hosts are "sshd of
+// <host>").
+const (
+	ControlPlaneComponent    = "control plane"
+	ManifestsComponent       = "berth's manifests"
+	HostsComponent           = "ssh hosts"
+	VMCloudComponent         = "vm cloud"
+	EC2Component             = "EC2 stand-in"
+	ClusterServicesComponent = "cluster services"
+	SpaceStandInComponent    = "space stand-in"
+	CaaSStandInComponent     = "CaaS stand-in"
+	TektonComponent          = "tekton stand-in"
+	ControllerComponent      = "berth controller"
+)
+
+// Up starts the stack and returns once every component is ready. On error, whatever it had
+// started is stopped again; a component that failed is named by a *ComponentError.
 func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 	stateDir, err := filepath.Abs(opts.StateDir)
 	if err != nil {
@@ -103,14 +141,81 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 			return nil, fmt.Errorf("SSH hosts: %w (or run with --hosts 0)", err)
 		}
 	}
-	s = &Stack{}
+	s = &Stack{Supervisor: NewSupervisor()}
+	ctx, cancel := s.Supervisor.Guard(ctx)
+	defer cancel()
 	defer func() {
-		if err != nil {
-			err = errors.Join(err, s.Down())
-			s = nil
+		if err == nil {
+			return
 		}
+		// A component that stopped is why the step under way failed, not the other way round.
+		var failed *ComponentError
+		if f := s.Supervisor.Err(); f != nil && !errors.As(err, &failed) {
+			err = errors.Join(f, fmt.Errorf("meanwhile: %w", err))
+		}
+		err = errors.Join(err, s.Down())
+		s = nil
 	}()
+	// step runs one component's start, names it in a failure and tells Progress when it is up.
+	step := func(component string, start func() (detail string, err error)) error {
+		began := time.Now()
+		detail, err := start()
+		if err != nil {
+			var failed *ComponentError
+			if errors.As(err, &failed) {
+				return err
+			}
+			return &ComponentError{Component: component, Err: err}
+		}
+		if opts.Progress != nil {
+			opts.Progress(Step{Component: component, Took: time.Since(began), Detail: detail})
+		}
+		return nil
+	}
 
+	if err = step(ControlPlaneComponent, func() (string, error) { return s.startControlPlane(opts, stateDir) }); err != nil {
+		return s, err
+	}
+	if err = step(ManifestsComponent, func() (string, error) {
+		if err := s.ControlPlane.EnsureNamespace(ctx, Namespace); err != nil {
+			return "", err
+		}
+		return "RBAC of config/rbac and Tasks of config/tasks in namespace " + Namespace, install(ctx, s.ControlPlane.Client)
+	}); err != nil {
+		return s, err
+	}
+
+	if opts.Hosts > 0 {
+		if err = step(HostsComponent, func() (string, error) { return s.startHosts(ctx, opts.Hosts, stateDir) }); err != nil {
+			return s, err
+		}
+		if opts.VMCloud {
+			if err = step(VMCloudComponent, func() (string, error) {
+				if err := s.startVMCloud(ctx, opts.VMCloudLog); err != nil {
+					return "", err
+				}
+				return "VMs booted on demand at " + s.VMCloud.URL() + ", EC2 API stand-in at " + s.EC2.URL(), nil
+			}); err != nil {
+				return s, err
+			}
+		}
+	}
+
+	if opts.ClusterServices {
+		if err = step(ClusterServicesComponent, func() (string, error) {
+			return "space and cluster-template stand-ins", s.startClusterServices(ctx)
+		}); err != nil {
+			return s, err
+		}
+	}
+
+	err = step(TektonComponent, func() (string, error) { return s.startTekton(ctx, opts, stateDir) })
+	return s, err
+}
+
+// startControlPlane starts kube-apiserver, etcd and (unless opts say not) kube-controller-
+// manager, has the supervisor watch them, and writes the kubeconfig.
+func (s *Stack) startControlPlane(opts Options, stateDir string) (string, error) {
 	var cpOpts []controlplane.Option
 	if opts.WithoutGarbageCollector {
 		cpOpts = append(cpOpts, controlplane.WithoutGarbageCollector())
@@ -118,47 +223,52 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 	if opts.ClusterServices {
 		crds, err := clusterCRDs()
 		if err != nil {
-			return s, err
+			return "", err
 		}
 		cpOpts = append(cpOpts, controlplane.WithCRDs(crds))
 	}
+	if opts.LogDir != "" {
+		cpOpts = append(cpOpts, controlplane.WithLogDir(opts.LogDir))
+	}
+	var err error
 	if s.ControlPlane, err = controlplane.Start(cpOpts...); err != nil {
-		return s, err
+		return "", err
+	}
+	for _, p := range s.ControlPlane.Processes() {
+		s.Supervisor.Watch(Component{Name: p.Name, Done: p.Done(), Exit: p.Err, Log: p.LogPath})
 	}
 	s.KubeConfigPath = filepath.Join(stateDir, "kubeconfig")
-	if err = s.writeFile(s.KubeConfigPath, s.ControlPlane.KubeConfig); err != nil {
-		return s, err
+	if err := s.writeFile(s.KubeConfigPath, s.ControlPlane.KubeConfig); err != nil {
+		return "", err
 	}
-	if err = s.ControlPlane.EnsureNamespace(ctx, Namespace); err != nil {
-		return s, err
+	detail := fmt.Sprintf("kube-apiserver v%s + etcd at %s", controlplane.KubernetesVersion, s.ControlPlane.Config.Host)
+	if s.ControlPlane.CollectsGarbage() {
+		detail += ", kube-controller-manager"
 	}
-	if err = install(ctx, s.ControlPlane.Client); err != nil {
-		return s, fmt.Errorf("installing berth's manifests: %w", err)
-	}
+	return detail, nil
+}
 
-	if opts.Hosts > 0 {
-		if s.Fleet, err = sshhosts.Start(ctx, opts.Hosts); err != nil {
-			return s, err
-		}
-		if err = s.publishHostAccess(ctx, stateDir); err != nil {
-			return s, err
-		}
-		if opts.VMCloud {
-			if err = s.startVMCloud(ctx, opts.VMCloudLog); err != nil {
-				return s, err
-			}
-		}
+// startHosts starts the SSH hosts, has the supervisor watch each sshd, and publishes how to
+// reach them.
+func (s *Stack) startHosts(ctx context.Context, n int, stateDir string) (string, error) {
+	var err error
+	if s.Fleet, err = sshhosts.Start(ctx, n); err != nil {
+		return "", err
 	}
-
-	if opts.ClusterServices {
-		if err = s.startClusterServices(ctx); err != nil {
-			return s, err
-		}
+	var names []string
+	for _, h := range s.Fleet.Hosts {
+		s.Supervisor.Watch(Component{Name: "sshd of " + h.Name, Done: h.Exited(),
+			Exit: func() error { return errors.New("sshd exited") }, Log: h.LogPath})
+		names = append(names, h.Name+" ("+h.Address+")")
 	}
+	return strings.Join(names, ", "), s.publishHostAccess(ctx, stateDir)
+}
 
+// startTekton starts the Tekton stand-in and returns once it watches TaskRuns.
+func (s *Stack) startTekton(ctx context.Context, opts Options, stateDir string) (string, error) {
 	images, err := s.stepImages(stateDir, opts.BerthBinary)
 	if err != nil {
-		return s, err
+		return "", err
 	}
 	s.StandIn = tektonstandin.New(tektonstandin.Options{
 		Scheme:     controlplane.Scheme(),
@@ -170,7 +280,7 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 	if opts.HostStep != nil {
 		hostStepKubeconfig := filepath.Join(stateDir, "host-tasks.kubeconfig")
 		if err = s.serviceAccountKubeconfig(hostStepKubeconfig, HostTaskServiceAccount); err != nil {
-			return s, err
+			return "", err
 		}
 		step := s.StandIn.StepCommand(func(ctx context.Context, args []string) error {
 			return opts.HostStep(ctx, append(args, "--kubeconfig", hostStepKubeconfig, "--known-hosts-namespace", Namespace))
@@ -178,9 +288,30 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		s.StandIn.Register([]string{"berth", "host"}, step) // the step of every Task in config/tasks
 	}
 	standInCtx, cancel := context.WithCancel(context.Background())
-	s.stopStandIn, s.standInDone = cancel, make(chan error, 1)
-	go func() { s.standInDone <- s.StandIn.Start(standInCtx, s.ControlPlane.Config) }()
-	return s, nil
+	s.stopStandIn, s.standInDone = cancel, make(chan struct{})
+	go func() {
+		s.standInErr = s.StandIn.Start(standInCtx, s.ControlPlane.Config)
+		close(s.standInDone)
+	}()
+	exit := func() error {
+		if s.standInErr == nil {
+			return errors.New("stopped")
+		}
+		return s.standInErr
+	}
+	s.Supervisor.Watch(Component{Name: TektonComponent, Done: s.standInDone, Exit: exit})
+	select {
+	case <-s.StandIn.Ready():
+	case <-s.standInDone:
+		return "", exit()
+	case <-ctx.Done():
+		return "", context.Cause(ctx)
+	}
+	scripts := "user TaskRuns' step scripts run as local processes"
+	if os.Geteuid() != 0 {
+		scripts = "step scripts are not run (needs root); end TaskRuns yourself"
+	}
+	return "resolving TaskRuns and creating their pods; " + scripts, nil
 }
 
 // publishHostAccess writes the admin key and known_hosts for a person at a shell, and puts the
@@ -216,8 +347,14 @@ func (s *Stack) writeFile(path string, data []byte) error {
 	return nil
 }
 
+// ControllerReadyTimeout bounds StartController's wait for the controller to be ready.
+const ControllerReadyTimeout = 2 * time.Minute
+
 // StartController runs berth's controller as ServiceAccount berth-controller, held to the
-// RBAC of config/rbac.
+// RBAC of config/rbac, and returns once it is ready: it leads (when it elects a leader), its
+// caches have synced and its health endpoint (if it serves one) answers. The supervisor
+// watches it until StopController. A controller that fails to start or exits before it is
+// ready is a *ComponentError.
 func (s *Stack) StartController(o controller.Options) error {
 	if s.stopController != nil {
 		return errors.New("the controller is already running")
@@ -226,16 +363,102 @@ func (s *Stack) StartController(o controller.Options) error {
 	o.Restartable = true
 	mgr, err := controller.New(s.ControlPlane.ConfigFor(Namespace, ControllerServiceAccount), o)
 	if err != nil {
-		return err
+		return &ComponentError{Component: ControllerComponent, Err: err}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
+	done := make(chan struct{})
+	var exitErr error
+	go func() {
+		exitErr = mgr.Start(ctx)
+		close(done)
+	}()
+	exit := func() error {
+		if exitErr == nil {
+			return errors.New("exited")
+		}
+		return exitErr
+	}
+	forget := s.Supervisor.Watch(Component{Name: ControllerComponent, Done: done, Exit: exit})
 	s.stopController = func() error {
+		forget()
 		cancel()
-		return <-done
+		<-done
+		return exitErr
+	}
+	if err := controllerReady(mgr, o.HealthProbeAddress, done, exit); err != nil {
+		forget()
+		_ = s.StopController() // it has failed already; err says how
+		return &ComponentError{Component: ControllerComponent, Err: err}
 	}
 	return nil
+}
+
+// controllerReady waits until mgr leads, its caches have synced and its health endpoint at
+// healthAddr ("0": none) answers, or it has exited (done closed; exit then says why).
+func controllerReady(mgr ctrl.Manager, healthAddr string, done <-chan struct{}, exit func() error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ControllerReadyTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	waiting := "the leader lease"
+	notReady := func() error {
+		select {
+		case <-done:
+			return exit()
+		default:
+			return fmt.Errorf("not ready within %s: still waiting for %s", ControllerReadyTimeout, waiting)
+		}
+	}
+	select {
+	case <-mgr.Elected():
+	case <-ctx.Done():
+		return notReady()
+	}
+	waiting = "its caches to sync"
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		return notReady()
+	}
+	url := healthURL(healthAddr)
+	if url == "" {
+		return nil
+	}
+	waiting = url + " to answer"
+	client := &http.Client{Timeout: time.Second}
+	for {
+		if resp, err := client.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			waiting = fmt.Sprintf("%s to answer 200 (it answers %s)", url, resp.Status)
+		}
+		select {
+		case <-ctx.Done():
+			return notReady()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// healthURL is the readyz endpoint of a health probe bind address, "" when there is none to
+// ask (disabled, or a port the kernel picks).
+func healthURL(addr string) string {
+	if addr == "" || addr == "0" {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "0" {
+		return ""
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/readyz"
 }
 
 // ControllerKubeconfig writes (once) and returns a kubeconfig that acts as berth's controller
@@ -261,10 +484,22 @@ func (s *Stack) StopController() error {
 // Down stops everything Up started, in reverse order, and removes the files it wrote.
 func (s *Stack) Down() error {
 	var errs []error
+	// With etcd or kube-apiserver dead, every client of the apiserver would wait on it in turn
+	// (the controller releasing its lease, the stand-ins their webhooks): it goes first, so
+	// that they fail at once.
+	controlPlaneFirst := false
+	if s.Supervisor != nil {
+		s.Supervisor.Stop()
+		if f := s.Supervisor.Err(); f != nil && (f.Component == "etcd" || f.Component == "kube-apiserver") {
+			controlPlaneFirst = true
+			errs = append(errs, s.stopControlPlane())
+		}
+	}
 	errs = append(errs, s.StopController())
 	if s.stopStandIn != nil {
 		s.stopStandIn()
-		if err := <-s.standInDone; err != nil && !errors.Is(err, context.Canceled) {
+		<-s.standInDone
+		if err := s.standInErr; err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, fmt.Errorf("tekton stand-in: %w", err))
 		}
 	}
@@ -278,8 +513,8 @@ func (s *Stack) Down() error {
 	if s.Fleet != nil {
 		errs = append(errs, s.Fleet.Close())
 	}
-	if s.ControlPlane != nil {
-		errs = append(errs, s.ControlPlane.Stop())
+	if !controlPlaneFirst {
+		errs = append(errs, s.stopControlPlane())
 	}
 	for _, f := range s.files {
 		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
@@ -292,15 +527,18 @@ func (s *Stack) Down() error {
 	return errors.Join(errs...)
 }
 
+func (s *Stack) stopControlPlane() error {
+	if s.ControlPlane == nil {
+		return nil
+	}
+	return s.ControlPlane.Stop()
+}
+
 // Describe tells a person how to reach the stack.
 func (s *Stack) Describe(w io.Writer) {
 	fmt.Fprintf(w, "berth dev stack is up.\n\n")
-	fmt.Fprintf(w, "  control plane  kube-apiserver v%s + etcd at %s, Tekton CRDs installed\n", controlplane.KubernetesVersion, s.ControlPlane.Config.Host)
-	if s.ControlPlane.CollectsGarbage() {
-		fmt.Fprintf(w, "                 kube-controller-manager: garbage collector and namespace controller\n")
-	}
-	fmt.Fprintf(w, "                 export KUBECONFIG=%s\n", s.KubeConfigPath)
-	fmt.Fprintf(w, "                 kubectl get crd\n")
+	fmt.Fprintf(w, "  kubectl        export KUBECONFIG=%s\n", s.KubeConfigPath)
+	fmt.Fprintf(w, "                 kubectl get taskruns -A\n")
 	if s.Fleet != nil {
 		fmt.Fprintf(w, "  ssh hosts      admin key in secret %s/%s and %s\n", Namespace, AdminKeySecret, s.AdminKeyPath)
 		for _, h := range s.Fleet.Hosts {
@@ -310,12 +548,7 @@ func (s *Stack) Describe(w io.Writer) {
 		fmt.Fprintf(w, "  ssh hosts      none (--hosts 0)\n")
 	}
 	if s.VMCloud != nil {
-		fmt.Fprintf(w, "  vm cloud       local VM cloud at %s: each VM is a new SSH host booted on demand\n", s.VMCloud.URL())
+		fmt.Fprintf(w, "  vm cloud       %s: each VM is a new SSH host booted on demand\n", s.VMCloud.URL())
 		fmt.Fprintf(w, "                 EC2 API stand-in at %s over the same VMs (berth reaches it through the AWS SDK)\n", s.EC2.URL())
 	}
-	scripts := "user TaskRuns' step scripts run as local processes"
-	if os.Geteuid() != 0 {
-		scripts = "step scripts are not run (needs root); end TaskRuns yourself"
-	}
-	fmt.Fprintf(w, "  tekton         stand-in resolving TaskRuns and creating their pods; %s\n", scripts)
 }

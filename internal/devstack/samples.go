@@ -2,6 +2,7 @@ package devstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -61,10 +62,13 @@ func (s *Stack) WaitForSamples(ctx context.Context, samples []*pipelinev1.TaskRu
 	hostOf := map[string]string{}
 	c := s.ControlPlane.Client
 	for {
-		finished, failed := 0, []string{}
+		finished, failed, unfinished := 0, []string{}, []string{}
 		for _, sample := range samples {
 			var tr pipelinev1.TaskRun
 			if err := c.Get(ctx, client.ObjectKeyFromObject(sample), &tr); err != nil {
+				if ctx.Err() != nil {
+					return "", samplesUnfinished(ctx, limit, unfinished)
+				}
 				return "", err
 			}
 			host := tr.Labels[contract.AssignedHostLabel]
@@ -72,10 +76,12 @@ func (s *Stack) WaitForSamples(ctx context.Context, samples []*pipelinev1.TaskRu
 				hostOf[tr.Name] = host
 			}
 			if !tr.IsDone() || len(tr.Finalizers) > 0 || (host != "" && host != contract.Localhost) {
+				unfinished = append(unfinished, tr.Name)
 				continue // running, or berth has not cleaned up yet
 			}
 			err := c.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &corev1.Secret{})
 			if !apierrors.IsNotFound(err) {
+				unfinished = append(unfinished, tr.Name)
 				continue
 			}
 			finished++
@@ -101,8 +107,17 @@ func (s *Stack) WaitForSamples(ctx context.Context, samples []*pipelinev1.TaskRu
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("the samples did not finish within %s", limit)
+			return "", samplesUnfinished(ctx, limit, unfinished)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// samplesUnfinished says why WaitForSamples stopped waiting: its limit ran out, or ctx ended
+// (with the stack's failure as its cause, when a component stopped).
+func samplesUnfinished(ctx context.Context, limit time.Duration, unfinished []string) error {
+	if cause := context.Cause(ctx); !errors.Is(cause, context.DeadlineExceeded) {
+		return fmt.Errorf("waiting for the samples: %w", cause)
+	}
+	return fmt.Errorf("the samples did not finish within %s: %s still running or not cleaned up", limit, strings.Join(unfinished, ", "))
 }

@@ -68,6 +68,7 @@ func (s *Stack) startVMCloud(ctx context.Context, logs io.Writer) error {
 		return fmt.Errorf("local VM cloud: %w", err)
 	}
 	s.VMCloud = cloud
+	s.Supervisor.Watch(Component{Name: VMCloudComponent, Done: cloud.Done(), Exit: cloud.Err})
 
 	secretKey := make([]byte, 20)
 	if _, err := rand.Read(secretKey); err != nil {
@@ -81,6 +82,7 @@ func (s *Stack) startVMCloud(ctx context.Context, logs io.Writer) error {
 	if s.EC2, err = ec2fake.New(ec2); err != nil {
 		return fmt.Errorf("EC2 stand-in: %w", err)
 	}
+	s.Supervisor.Watch(Component{Name: EC2Component, Done: s.EC2.Done(), Exit: s.EC2.Err})
 	for name, data := range map[string]map[string][]byte{
 		VMCloudSecret: {"api-key": []byte(apiKey)},
 		AWSSecret:     {"access-key-id": []byte(ec2.AccessKeyID), "secret-access-key": []byte(ec2.SecretAccessKey)},

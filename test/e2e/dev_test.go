@@ -4,6 +4,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -282,9 +285,11 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 	defer cancel()
 	dev := exec.CommandContext(ctx, bin, "dev", "--once", "--hosts", "2", "--metrics-bind-address", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
 	dev.Dir = root
+	var stderr strings.Builder
+	dev.Stderr = &stderr
 	out, err := dev.Output()
 	if err != nil {
-		t.Fatalf("berth dev --once: %v\n%s", err, out)
+		t.Fatalf("berth dev --once: %v\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
 	for _, want := range []string{
 		"berth dev: 4 sample TaskRuns finished", "remote-build-s390x on berth-host-", "local-build-amd64 locally",
@@ -292,11 +297,26 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 		"[builds/remote-build-s390x build] uid=", "(u-", "[builds/local-build-amd64 build] building linux/amd64 here",
 		"berth dev: ephemeral cluster ", // its steps of berth's image ran the berth beside berth-dev
 		"stopped; nothing left running.",
+		"berth dev: logs in ", "berth.log",
+		"  berth controller", "leader (lease berth-system/berth-controller), caches synced, ready at http://",
+		"controller as ServiceAccount berth-system/berth-controller",
+		"taskrun  builds/remote-build-s390x", // one line per change of a sample's state
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+	for _, want := range []string{
+		`taskrun  builds/remote-build-s390x +linux/s390x +(provisioning|running) +berth-host-\d +waited \d+\.\ds`,
+		`taskrun  builds/remote-build-arm64 +linux/arm64 +done +vm-linux-arm64-`,
+		`taskrun  builds/local-build-amd64 +linux/amd64 +done +local +waited -`,
+	} {
+		if !regexp.MustCompile(want).Match(out) {
+			t.Errorf("output has no line like %q:\n%s", want, out)
+		}
+	}
+	assertReadable(t, string(out))
+	assertReadable(t, stderr.String())
 }
 
 // buildBerthDev builds berth and berth-dev into one directory, as `make build` does for
@@ -324,4 +344,148 @@ func buildBerthDev(t *testing.T) (root, bin string) {
 		}
 	}
 	return root, filepath.Join(dir, "berth-dev")
+}
+
+// With the metrics address held by another program, `make run ARGS=--once` cannot run berth's
+// controller: it must say so and stop, not carry on without a controller. It exits non-zero
+// well within a minute, its last lines naming the address, and never claims the controller runs.
+func TestDevStopsWhenTheMetricsAddressIsTaken(t *testing.T) {
+	root, bin := buildBerthDev(t)
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	addr := held.Addr().String()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stateDir := filepath.Join(t.TempDir(), "state")
+	dev := exec.CommandContext(ctx, bin, "dev", "--once", "--metrics-bind-address", addr, "--state-dir", stateDir)
+	dev.Dir = root
+	out, err := dev.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("berth dev --once was still running a minute later:\n%s", out)
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("berth dev --once with %s taken: %v, want a non-zero exit\n%s", addr, err, out)
+	}
+	last := lastLines(string(out), 3)
+	if !strings.Contains(last, addr) || !strings.Contains(last, "address already in use") {
+		t.Errorf("the last lines do not say %s is in use:\n%s", addr, last)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "  berth controller") || strings.Contains(line, "Press Ctrl-C") {
+			t.Errorf("claims a running controller: %q", line)
+		}
+	}
+	assertReadable(t, string(out))
+	if _, err := os.Stat(filepath.Join(stateDir, "kubeconfig")); !os.IsNotExist(err) {
+		t.Errorf("the stack was not torn down: its kubeconfig is still there (stat: %v)", err)
+	}
+}
+
+// A component that dies under a running stack stops it: berth dev names the component, shows
+// the end of its log where it keeps one, and exits non-zero.
+func TestDevStopsWhenAComponentDies(t *testing.T) {
+	root, bin := buildBerthDev(t)
+	for _, tc := range []struct {
+		program string // the victim's executable
+		says    []string
+	}{
+		{"etcd", []string{"berth dev: etcd: exited", "last lines of ", "etcd.log"}},
+		{"sshd", []string{"berth dev: sshd of berth-host-", "sshd exited", "last lines of ", "sshd.log"}},
+	} {
+		t.Run(tc.program, func(t *testing.T) {
+			dev := exec.Command(bin, "dev", "--hosts", "1", "--clusters=false", "--metrics-bind-address", "0",
+				"--state-dir", filepath.Join(t.TempDir(), "state"))
+			dev.Dir = root
+			var out syncBuffer
+			dev.Stdout, dev.Stderr = &out, &out
+			if err := dev.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = dev.Process.Kill() })
+			exited := make(chan error, 1)
+			go func() { exited <- dev.Wait() }()
+
+			deadline := time.After(2 * time.Minute)
+			for !strings.Contains(out.String(), "Press Ctrl-C") {
+				select {
+				case err := <-exited:
+					t.Fatalf("berth dev exited (%v) before coming up:\n%s", err, out.String())
+				case <-deadline:
+					t.Fatalf("berth dev did not come up in time:\n%s", out.String())
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			victim := 0
+			for _, pid := range descendants(dev.Process.Pid) {
+				if runsBinary([]int{pid}, tc.program) {
+					victim = pid
+					break
+				}
+			}
+			if victim == 0 {
+				t.Fatalf("no %s under berth dev", tc.program)
+			}
+			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+
+			select {
+			case err := <-exited:
+				var exit *exec.ExitError
+				if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+					t.Errorf("berth dev exited with %v after %s died, want a non-zero exit", err, tc.program)
+				}
+			case <-time.After(time.Minute):
+				t.Fatalf("berth dev still runs a minute after %s died:\n%s", tc.program, out.String())
+			}
+			text := out.String()
+			at := 0
+			for _, want := range tc.says {
+				i := strings.Index(text[at:], want)
+				if i < 0 {
+					t.Fatalf("output lacks %q (after what came before it):\n%s", want, text)
+				}
+				at += i + len(want)
+			}
+			assertReadable(t, text)
+		})
+	}
+}
+
+// assertReadable fails if the terminal output has a JSON log line: logs go to berth.log.
+func assertReadable(t *testing.T, out string) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "{") {
+			t.Errorf("a JSON line on the terminal: %s", line)
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// syncBuffer is a strings.Builder that a process's output and a test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

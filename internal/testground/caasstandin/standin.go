@@ -77,6 +77,9 @@ type StandIn struct {
 	stopping bool
 	stop     context.CancelFunc
 	done     chan error
+	// exited is closed once the manager has returned, exitErr then says why.
+	exited  chan struct{}
+	exitErr error
 }
 
 // Cluster is a control plane the stand-in runs for an instance.
@@ -136,10 +139,16 @@ func (s *StandIn) Start(ctx context.Context) error {
 		return errors.New("the CaaS stand-in was already started")
 	}
 	ctx, s.stop = context.WithCancel(ctx)
-	s.ctx, s.done = ctx, make(chan error, 1)
+	s.ctx, s.done, s.exited = ctx, make(chan error, 1), make(chan struct{})
 	s.mu.Unlock()
 
-	go func() { s.done <- s.mgr.Start(ctx) }()
+	exited := s.exited
+	go func() {
+		err := s.mgr.Start(ctx)
+		s.exitErr = err
+		close(exited)
+		s.done <- err
+	}()
 	hook, err := startWebhook(ctx, s.client, s.mgr.GetAPIReader())
 	if err != nil {
 		return errors.Join(err, s.Stop())
@@ -159,6 +168,27 @@ func (s *StandIn) Start(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("CaaS stand-in: %w", err), s.Stop())
 	}
 	return nil
+}
+
+// Done is closed once the stand-in's manager has returned: after Stop, or when it failed. It is
+// nil before Start.
+func (s *StandIn) Done() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exited
+}
+
+// Err says why the manager returned, once Done is closed.
+func (s *StandIn) Err() error {
+	s.mu.Lock()
+	exited := s.exited
+	s.mu.Unlock()
+	select {
+	case <-exited:
+		return s.exitErr
+	default:
+		return nil
+	}
 }
 
 // Stop stops the stand-in: its controller, its webhook (unregistered, so that creating an

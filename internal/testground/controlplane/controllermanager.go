@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -36,8 +35,8 @@ type controllerManager struct {
 
 // startControllerManager runs the garbage collector, the namespace controller and the ClusterRole
 // aggregator against the apiserver that kubeconfig reaches. It does not wait for them to sync: a deletion made before
-// they have is still acted on once they have.
-func startControllerManager(binDir string, kubeconfig []byte) (*controllerManager, error) {
+// they have is still acted on once they have. Its log goes to logDir, or else beside its kubeconfig.
+func startControllerManager(binDir string, kubeconfig []byte, logDir string) (*controllerManager, error) {
 	dir, err := os.MkdirTemp("", controllerManagerDirPrefix)
 	if err != nil {
 		return nil, err
@@ -47,7 +46,10 @@ func startControllerManager(binDir string, kubeconfig []byte) (*controllerManage
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	log, err := os.Create(filepath.Join(dir, controllerManagerBinary+".log"))
+	if logDir == "" {
+		logDir = dir
+	}
+	log, err := os.Create(filepath.Join(logDir, controllerManagerBinary+".log"))
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -98,11 +100,4 @@ func (m *controllerManager) stop() error {
 }
 
 // logTail is the last lines of its log, for an error message.
-func (m *controllerManager) logTail() string {
-	data, err := os.ReadFile(m.log.Name())
-	if err != nil {
-		return "no log: " + err.Error()
-	}
-	lines := bytes.Split(bytes.TrimSpace(data), []byte("\n"))
-	return string(bytes.Join(lines[max(0, len(lines)-10):], []byte("\n")))
-}
+func (m *controllerManager) logTail() string { return tail(m.log.Name(), 10) }

@@ -51,6 +51,7 @@ type ControlPlane struct {
 	env    *envtest.Environment
 	kcm    *controllerManager // nil without a garbage collector
 	ledger string
+	logged []Process // etcd and kube-apiserver, WithLogDir
 }
 
 // Option shapes a control plane.
@@ -60,6 +61,7 @@ type options struct {
 	withoutGarbageCollector bool
 	withoutDefaultCRDs      bool
 	crdDirs                 []string
+	logDir                  string
 }
 
 // WithoutGarbageCollector starts no kube-controller-manager, as on a bare apiserver: owner
@@ -116,9 +118,32 @@ func Start(opts ...Option) (*ControlPlane, error) {
 	// and buys nothing for a control plane that lives as long as one test package.
 	env.ControlPlane.Etcd = &envtest.Etcd{}
 	env.ControlPlane.Etcd.Configure().Set("unsafe-no-fsync", "true")
+	var outputs []*loggedOutput
+	if o.logDir != "" {
+		if err := os.MkdirAll(o.logDir, 0o755); err != nil {
+			return nil, err
+		}
+		for _, name := range []string{"etcd", "kube-apiserver"} {
+			out, err := logOutput(o.logDir, name)
+			if err != nil {
+				return nil, err
+			}
+			defer out.closeParentEnd()
+			outputs = append(outputs, out)
+		}
+		env.ControlPlane.Etcd.Out, env.ControlPlane.Etcd.Err = outputs[0].w, outputs[0].w
+		env.ControlPlane.APIServer = &envtest.APIServer{Out: outputs[1].w, Err: outputs[1].w}
+	}
 	cfg, err := env.Start()
+	for _, out := range outputs {
+		out.closeParentEnd()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bins, err)
+		err = fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bins, err)
+		for _, out := range outputs {
+			err = fmt.Errorf("%w\nend of %s:\n%s", err, out.process.LogPath, out.process.LogTail(10))
+		}
+		return nil, err
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
@@ -126,8 +151,11 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		return nil, fmt.Errorf("building a client for the test control plane: %w", err)
 	}
 	cp := &ControlPlane{Config: cfg, Client: c, KubeConfig: env.KubeConfig, env: env}
+	for _, out := range outputs {
+		cp.logged = append(cp.logged, out.process)
+	}
 	if !o.withoutGarbageCollector {
-		if cp.kcm, err = startControllerManager(bins, env.KubeConfig); err != nil {
+		if cp.kcm, err = startControllerManager(bins, env.KubeConfig, o.logDir); err != nil {
 			_ = env.Stop()
 			return nil, err
 		}
@@ -173,6 +201,7 @@ func (cp *ControlPlane) Stop() error {
 	if cp.kcm != nil {
 		errs = append(errs, cp.kcm.stop())
 	}
+	cp.killOrphanedAPIServer()
 	if err := cp.env.Stop(); err != nil {
 		return errors.Join(append(errs, err)...)
 	}

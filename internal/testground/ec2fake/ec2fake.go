@@ -116,6 +116,9 @@ type Server struct {
 	machines *vmcloud.Cloud
 	url      string
 	srv      *http.Server
+	// served is closed once the API stops serving, servedErr then says why.
+	served    chan struct{}
+	servedErr error
 
 	mu        sync.Mutex
 	keys      map[string]string // access key id → secret access key
@@ -174,10 +177,27 @@ func New(opts Options) (*Server, error) {
 		keys:      map[string]string{opts.AccessKeyID: opts.SecretAccessKey},
 		instances: map[string]*instance{},
 		byToken:   map[string]*instance{},
+		served:    make(chan struct{}),
 	}
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
-	go s.srv.Serve(ln)
+	go func() {
+		s.servedErr = s.srv.Serve(ln)
+		close(s.served)
+	}()
 	return s, nil
+}
+
+// Done is closed once the API has stopped serving: after Close, or when serving failed.
+func (s *Server) Done() <-chan struct{} { return s.served }
+
+// Err says why the API stopped serving, once Done is closed (http.ErrServerClosed after Close).
+func (s *Server) Err() error {
+	select {
+	case <-s.served:
+		return s.servedErr
+	default:
+		return nil
+	}
 }
 
 // NewForTest starts a stand-in for t and closes it when t ends. Without opts.Machines it runs

@@ -55,6 +55,9 @@ type StandIn struct {
 	failing map[string]string // tier name → message
 	stop    context.CancelFunc
 	done    chan error
+	// exited is closed once the manager has returned, exitErr then says why.
+	exited  chan struct{}
+	exitErr error
 }
 
 // New prepares a stand-in acting with cfg, which needs to be a cluster admin (it creates
@@ -130,9 +133,15 @@ func (s *StandIn) Start(ctx context.Context) error {
 		return errors.New("the space stand-in was already started")
 	}
 	ctx, s.stop = context.WithCancel(ctx)
-	s.done = make(chan error, 1)
+	s.done, s.exited = make(chan error, 1), make(chan struct{})
 	s.mu.Unlock()
-	go func() { s.done <- s.mgr.Start(ctx) }()
+	exited := s.exited
+	go func() {
+		err := s.mgr.Start(ctx)
+		s.exitErr = err
+		close(exited)
+		s.done <- err
+	}()
 	synced := make(chan bool, 1)
 	go func() { synced <- s.mgr.GetCache().WaitForCacheSync(ctx) }()
 	select {
@@ -144,6 +153,27 @@ func (s *StandIn) Start(ctx context.Context) error {
 	case err := <-s.done:
 		s.done <- err // for Stop
 		return fmt.Errorf("space stand-in: %w", err)
+	}
+}
+
+// Done is closed once the stand-in's manager has returned: after Stop, or when it failed. It is
+// nil before Start.
+func (s *StandIn) Done() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exited
+}
+
+// Err says why the manager returned, once Done is closed.
+func (s *StandIn) Err() error {
+	s.mu.Lock()
+	exited := s.exited
+	s.mu.Unlock()
+	select {
+	case <-exited:
+		return s.exitErr
+	default:
+		return nil
 	}
 }
 

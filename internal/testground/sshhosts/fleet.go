@@ -119,6 +119,10 @@ func StartHost(ctx context.Context, admin ssh.Signer) (*Host, error) {
 	return h, nil
 }
 
+// Exited is closed once the host's sshd (its whole process tree) is gone: after Close, or when
+// it died.
+func (h *Host) Exited() <-chan struct{} { return h.exited }
+
 // Close stops the host and removes its namespace, veth and files, giving its slot back.
 // Later calls return the first call's result: a slot given back may already be another
 // host's, so it is cleared only once.

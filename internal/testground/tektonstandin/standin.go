@@ -92,6 +92,8 @@ type StandIn struct {
 	mu        sync.Mutex
 	executors map[string]Executor // by command line prefix, words joined by a space
 	running   map[types.NamespacedName]*run
+	ready     chan struct{} // closed once Start's watches have synced
+	readyOnce sync.Once
 }
 
 type run struct {
@@ -105,8 +107,13 @@ func New(opts Options) *StandIn {
 		opts:      opts,
 		executors: map[string]Executor{},
 		running:   map[types.NamespacedName]*run{},
+		ready:     make(chan struct{}),
 	}
 }
+
+// Ready is closed once the stand-in started by Start watches TaskRuns, so that a TaskRun
+// created after it is served.
+func (s *StandIn) Ready() <-chan struct{} { return s.ready }
 
 // Register makes TaskRuns whose one step's command line (Command, then Args) begins with the
 // words of prefix run e: "berth host" takes berth's host Tasks and leaves other berth steps to
@@ -179,6 +186,11 @@ func (s *StandIn) Start(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	defer s.cancelAll()
+	go func() {
+		if mgr.GetCache().WaitForCacheSync(ctx) {
+			s.readyOnce.Do(func() { close(s.ready) })
+		}
+	}()
 	return mgr.Start(ctx)
 }
 

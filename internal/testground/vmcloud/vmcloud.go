@@ -100,6 +100,9 @@ type Cloud struct {
 	opts Options
 	url  string
 	srv  *http.Server
+	// served is closed once the API stops serving, servedErr then says why.
+	served    chan struct{}
+	servedErr error
 
 	// ctx ends every boot when the cloud closes.
 	ctx    context.Context
@@ -168,10 +171,27 @@ func New(opts Options) (*Cloud, error) {
 		bootDelay: opts.BootDelay,
 		quota:     opts.Quota,
 		changed:   make(chan struct{}),
+		served:    make(chan struct{}),
 	}
 	c.srv = &http.Server{Handler: c.handler(), ReadHeaderTimeout: 10 * time.Second}
-	go c.srv.Serve(ln)
+	go func() {
+		c.servedErr = c.srv.Serve(ln)
+		close(c.served)
+	}()
 	return c, nil
+}
+
+// Done is closed once the API has stopped serving: after Close, or when serving failed.
+func (c *Cloud) Done() <-chan struct{} { return c.served }
+
+// Err says why the API stopped serving, once Done is closed (http.ErrServerClosed after Close).
+func (c *Cloud) Err() error {
+	select {
+	case <-c.served:
+		return c.servedErr
+	default:
+		return nil
+	}
 }
 
 // NewForTest starts a cloud for t and closes it when t ends. When this machine cannot run
