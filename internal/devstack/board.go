@@ -27,10 +27,6 @@ const (
 	StateError        = "error"
 )
 
-// queuePositionAnnotation is where berth's controller puts a waiting TaskRun's place in its
-// platform's queue (1 = next), when it does.
-const queuePositionAnnotation = "berth.dev/queue-position"
-
 // LocalHost is what the board shows as the host of a task run on the cluster's own nodes.
 const LocalHost = "local"
 
@@ -140,7 +136,7 @@ func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) TaskRunRow 
 		row.Waited = max(0, time.Since(start))
 	}
 	if row.State == StateWaiting {
-		row.Position, _ = strconv.Atoi(tr.Annotations[queuePositionAnnotation])
+		row.Position, _ = strconv.Atoi(tr.Annotations[contract.QueuePositionAnnotation])
 	}
 	if row.State == StateError {
 		row.Message = tr.Status.GetCondition("Succeeded").GetMessage()

@@ -34,7 +34,7 @@ func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
 	root, bin := buildBerthDev(t)
 
 	stateDir := filepath.Join(t.TempDir(), "state")
-	dev := exec.Command(bin, "dev", "--hosts", "1", "--state-dir", stateDir)
+	dev := exec.Command(bin, "dev", "--hosts", "1", "--metrics-bind-address", "0", "--state-dir", stateDir)
 	dev.Dir = root
 	stdout, err := dev.StdoutPipe()
 	if err != nil {
