@@ -96,6 +96,11 @@ openssh-server.`,
 			runCtx, cancel := stack.Supervisor.Guard(ctx)
 			runErr := runBerth(runCtx, stack, metrics, once, apply, con)
 			cancel()
+			if ctx.Err() != nil && stack.Supervisor.Err() == nil && runErr != nil {
+				// Ctrl-C before the samples were done: the person stopped it, nothing failed.
+				con.Printf("\nberth dev: interrupted (%v)", runErr)
+				runErr = nil
+			}
 			err = outcome(runErr, stack.Supervisor.Err())
 			con.failed(err)
 			con.Printf("\nstopping the dev stack ...")
