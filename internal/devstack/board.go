@@ -113,7 +113,7 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) TaskRunRow {
 	uid := string(tr.UID)
 	row := b.seen[uid]
-	row.Namespace, row.Name, row.Platform = tr.Namespace, tr.Name, platformOf(tr)
+	row.Namespace, row.Name, row.Platform = tr.Namespace, tr.Name, contract.Platform(tr)
 	row.Position, row.Waiters = 0, 0
 	host := tr.Labels[contract.AssignedHostLabel]
 	if rec != nil && rec.Status.Login != nil {
@@ -183,18 +183,8 @@ func stateOf(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) string {
 			return StateWaiting
 		}
 	}
-	if tr.Labels[contract.AssignedHostLabel] == contract.Localhost || platformOf(tr) == "" {
+	if tr.Labels[contract.AssignedHostLabel] == contract.Localhost || contract.Platform(tr) == "" {
 		return StateRunning
 	}
 	return StateWaiting
-}
-
-// platformOf is the PLATFORM param of a TaskRun, "" if it has none.
-func platformOf(tr *pipelinev1.TaskRun) string {
-	for _, p := range tr.Spec.Params {
-		if p.Name == contract.PlatformParam {
-			return p.Value.StringVal
-		}
-	}
-	return ""
 }

@@ -99,7 +99,7 @@ func (r *Reconciler) classify(tr *pipelinev1.TaskRun) kind {
 }
 
 func classifyUser(tr *pipelinev1.TaskRun) kind {
-	if platformOf(tr) == "" || tr.Status.TaskSpec == nil {
+	if contract.Platform(tr) == "" || tr.Status.TaskSpec == nil {
 		return unrelated
 	}
 	for _, v := range tr.Status.TaskSpec.Volumes {
@@ -108,15 +108,6 @@ func classifyUser(tr *pipelinev1.TaskRun) kind {
 		}
 	}
 	return unrelated
-}
-
-func platformOf(tr *pipelinev1.TaskRun) string {
-	for _, p := range tr.Spec.Params {
-		if p.Name == contract.PlatformParam {
-			return p.Value.StringVal
-		}
-	}
-	return ""
 }
 
 func taskOf(tr *pipelinev1.TaskRun) allocation.Task {
@@ -225,7 +216,7 @@ func (r *Reconciler) Notify(key string) {
 // there is none yet). A Warning event is a warning line (see package warning).
 func (r *Reconciler) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
 	r.Recorder.Eventf(tr, nil, eventType, reason, reason, format, args...)
-	logStep(ctx, tr.Namespace+"/"+tr.Name, platformOf(tr), host, eventType, reason, fmt.Sprintf(format, args...))
+	logStep(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), host, eventType, reason, fmt.Sprintf(format, args...))
 }
 
 // recordEvent is event for a step taken for a record (its TaskRun may be gone): the Event goes

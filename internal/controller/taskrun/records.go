@@ -16,6 +16,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/provision"
 )
 
@@ -50,7 +51,7 @@ func (r *Reconciler) newRecord(tr *pipelinev1.TaskRun, strategy config.Strategy)
 		},
 		Spec: berthv1.AllocationSpec{
 			TaskRun:  berthv1.TaskRunRef{Namespace: tr.Namespace, Name: tr.Name, UID: tr.UID},
-			Platform: platformOf(tr), Strategy: string(strategy), Queued: tr.CreationTimestamp,
+			Platform: contract.Platform(tr), Strategy: string(strategy), Queued: tr.CreationTimestamp,
 		},
 	}
 }

@@ -178,7 +178,7 @@ func stripTaskRun(obj any) (any, error) {
 	}
 	tr.ManagedFields = nil
 	delete(tr.Annotations, "kubectl.kubernetes.io/last-applied-configuration")
-	if classifyUser(tr) == unrelated && platformOf(tr) == "" {
+	if classifyUser(tr) == unrelated && contract.Platform(tr) == "" {
 		tr.Spec, tr.Status = pipelinev1.TaskRunSpec{}, pipelinev1.TaskRunStatus{}
 		return tr, nil
 	}

@@ -64,7 +64,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 
 // admit decides how the task's platform is served, or why it cannot be.
 func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
-	platform := platformOf(tr)
+	platform := contract.Platform(tr)
 	cfg := r.Config.Config()
 	if cfg == nil {
 		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
@@ -113,9 +113,9 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
 	}
-	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: platformOf(tr)})
+	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: contract.Platform(tr)})
 	if err == nil {
-		r.event(ctx, tr, contract.Localhost, corev1.EventTypeNormal, "Local", "platform %s is local: the task builds on this cluster", platformOf(tr))
+		r.event(ctx, tr, contract.Localhost, corev1.EventTypeNormal, "Local", "platform %s is local: the task builds on this cluster", contract.Platform(tr))
 	}
 	return err
 }
@@ -574,7 +574,7 @@ func (r *Reconciler) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, m
 	}
 	errorSecrets.WithLabelValues(reason).Inc()
 	r.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
-	return r.patchMirrors(ctx, tr, mirrorState{platform: platformOf(tr)})
+	return r.patchMirrors(ctx, tr, mirrorState{platform: contract.Platform(tr)})
 }
 
 // writeSecret creates the task's secret, or replaces one berth wrote earlier for this same
