@@ -39,10 +39,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/berth-ci/berth/internal/testground/managerrun"
 )
 
 // Cluster definitions (a ClusterTemplate's spec.clusterDefinition) that choose what the
@@ -66,7 +67,7 @@ const (
 type StandIn struct {
 	cfg    *rest.Config
 	client client.Client // uncached: every decision is made on what the apiserver holds now
-	mgr    manager.Manager
+	run    *managerrun.Run
 	boots  chan event.GenericEvent // a boot has ended: look at its instance again
 	hook   *webhook
 
@@ -75,11 +76,6 @@ type StandIn struct {
 	clusters map[types.UID]*cluster
 	booting  sync.WaitGroup
 	stopping bool
-	stop     context.CancelFunc
-	done     chan error
-	// exited is closed once the manager has returned, exitErr then says why.
-	exited  chan struct{}
-	exitErr error
 }
 
 // Cluster is a control plane the stand-in runs for an instance.
@@ -110,7 +106,7 @@ func New(cfg *rest.Config) (*StandIn, error) {
 	s := &StandIn{
 		cfg:      cfg,
 		client:   c,
-		mgr:      mgr,
+		run:      managerrun.New("CaaS stand-in", mgr),
 		boots:    make(chan event.GenericEvent, 16),
 		clusters: map[types.UID]*cluster{},
 	}
@@ -133,81 +129,46 @@ func (s *StandIn) Start(ctx context.Context) error {
 	if err := s.grantAdmins(ctx); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.done != nil {
-		s.mu.Unlock()
-		return errors.New("the CaaS stand-in was already started")
+	ctx, err := s.run.Start(ctx)
+	if err != nil {
+		return err
 	}
-	ctx, s.stop = context.WithCancel(ctx)
-	s.ctx, s.done, s.exited = ctx, make(chan error, 1), make(chan struct{})
+	s.mu.Lock()
+	s.ctx = ctx
 	s.mu.Unlock()
-
-	exited := s.exited
-	go func() {
-		err := s.mgr.Start(ctx)
-		s.exitErr = err
-		close(exited)
-		s.done <- err
-	}()
-	hook, err := startWebhook(ctx, s.client, s.mgr.GetAPIReader())
+	hook, err := startWebhook(ctx, s.client, s.run.Manager().GetAPIReader())
 	if err != nil {
 		return errors.Join(err, s.Stop())
 	}
 	s.mu.Lock()
 	s.hook = hook
 	s.mu.Unlock()
-	synced := make(chan bool, 1)
-	go func() { synced <- s.mgr.GetCache().WaitForCacheSync(ctx) }()
-	select {
-	case ok := <-synced:
-		if !ok {
-			return errors.Join(errors.New("CaaS stand-in: its watches never synced"), s.Stop())
-		}
-	case err := <-s.done:
-		s.done <- err // for Stop
-		return errors.Join(fmt.Errorf("CaaS stand-in: %w", err), s.Stop())
-	}
 	return nil
 }
 
 // Done is closed once the stand-in's manager has returned: after Stop, or when it failed. It is
 // nil before Start.
-func (s *StandIn) Done() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.exited
-}
+func (s *StandIn) Done() <-chan struct{} { return s.run.Done() }
 
 // Err says why the manager returned, once Done is closed.
-func (s *StandIn) Err() error {
-	s.mu.Lock()
-	exited := s.exited
-	s.mu.Unlock()
-	select {
-	case <-exited:
-		return s.exitErr
-	default:
-		return nil
-	}
-}
+func (s *StandIn) Err() error { return s.run.Err() }
 
-// Stop stops the stand-in: its controller, its webhook (unregistered, so that creating an
-// instance is not refused for want of it) and every control plane it booted. Instances and
+// Stop stops the stand-in: its webhook (unregistered, so that creating an instance is not
+// refused for want of it), its controller and every control plane it booted. Instances and
 // their Secrets stay; a new stand-in carries on with them.
 func (s *StandIn) Stop() error {
 	s.mu.Lock()
-	stop, done, hook, already := s.stop, s.done, s.hook, s.stopping
+	hook, already := s.hook, s.stopping
 	s.stopping = true
 	s.mu.Unlock()
-	if stop == nil || already {
+	if already {
 		return nil
 	}
-	stop()
 	var errs []error
 	if hook != nil {
 		errs = append(errs, hook.stop(s.client))
 	}
-	errs = append(errs, <-done)
+	errs = append(errs, s.run.Stop())
 	s.booting.Wait() // a boot under way ends in a control plane that must be stopped too
 	s.mu.Lock()
 	clusters := s.clusters

@@ -16,7 +16,6 @@ package spacestandin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -31,9 +30,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/berth-ci/berth/internal/testground/managerrun"
 )
 
 // Options configure a StandIn.
@@ -49,15 +49,10 @@ type Options struct {
 type StandIn struct {
 	opts   Options
 	client client.Client // uncached: every decision is made on what the apiserver holds now
-	mgr    manager.Manager
+	run    *managerrun.Run
 
 	mu      sync.Mutex
 	failing map[string]string // tier name → message
-	stop    context.CancelFunc
-	done    chan error
-	// exited is closed once the manager has returned, exitErr then says why.
-	exited  chan struct{}
-	exitErr error
 }
 
 // New prepares a stand-in acting with cfg, which needs to be a cluster admin (it creates
@@ -89,7 +84,7 @@ func New(cfg *rest.Config, opts Options) (*StandIn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("space stand-in manager: %w", err)
 	}
-	s := &StandIn{opts: opts, client: c, mgr: mgr, failing: map[string]string{}}
+	s := &StandIn{opts: opts, client: c, run: managerrun.New("space stand-in", mgr), failing: map[string]string{}}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("spacerequest-standin").
 		For(newUnstructured()).
@@ -127,68 +122,19 @@ func (s *StandIn) tierFailure(tierName string) (string, bool) {
 // Start runs the stand-in in the background until ctx ends or Stop is called. It returns once
 // the stand-in watches, so that a request made after it is served.
 func (s *StandIn) Start(ctx context.Context) error {
-	s.mu.Lock()
-	if s.done != nil {
-		s.mu.Unlock()
-		return errors.New("the space stand-in was already started")
-	}
-	ctx, s.stop = context.WithCancel(ctx)
-	s.done, s.exited = make(chan error, 1), make(chan struct{})
-	s.mu.Unlock()
-	exited := s.exited
-	go func() {
-		err := s.mgr.Start(ctx)
-		s.exitErr = err
-		close(exited)
-		s.done <- err
-	}()
-	synced := make(chan bool, 1)
-	go func() { synced <- s.mgr.GetCache().WaitForCacheSync(ctx) }()
-	select {
-	case ok := <-synced:
-		if !ok {
-			return errors.Join(errors.New("space stand-in: its watches never synced"), s.Stop())
-		}
-		return nil
-	case err := <-s.done:
-		s.done <- err // for Stop
-		return fmt.Errorf("space stand-in: %w", err)
-	}
+	_, err := s.run.Start(ctx)
+	return err
 }
 
 // Done is closed once the stand-in's manager has returned: after Stop, or when it failed. It is
 // nil before Start.
-func (s *StandIn) Done() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.exited
-}
+func (s *StandIn) Done() <-chan struct{} { return s.run.Done() }
 
 // Err says why the manager returned, once Done is closed.
-func (s *StandIn) Err() error {
-	s.mu.Lock()
-	exited := s.exited
-	s.mu.Unlock()
-	select {
-	case <-exited:
-		return s.exitErr
-	default:
-		return nil
-	}
-}
+func (s *StandIn) Err() error { return s.run.Err() }
 
 // Stop stops the stand-in and waits for it. What it made stays; a new stand-in carries on.
-func (s *StandIn) Stop() error {
-	s.mu.Lock()
-	stop, done := s.stop, s.done
-	s.stop = nil
-	s.mu.Unlock()
-	if stop == nil {
-		return nil
-	}
-	stop()
-	return <-done
-}
+func (s *StandIn) Stop() error { return s.run.Stop() }
 
 func requestOfNamespace(_ context.Context, obj client.Object) []reconcile.Request {
 	l := obj.GetLabels()
