@@ -15,6 +15,7 @@ import (
 	"github.com/go-openapi/runtime"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/ibmiam"
 )
 
 // How power-go-client reports a failed call: the generated client answers each status the
@@ -60,7 +61,7 @@ func (p *Provider) classify(op string, err error, rec *exchange) *cloud.Error {
 			e.Kind, e.RetryAfter = cloud.Throttled, rec.wait()
 		case status >= 400 && status < 500:
 			e.Kind = cloud.Auth
-			e.Err = fmt.Errorf("%w (the API key is key %s of Secret %s: check that it is a valid IBM Cloud API key)", e.Err, apiKeyKey, p.secretName)
+			e.Err = fmt.Errorf("%w (the API key is key %s of Secret %s: check that it is a valid IBM Cloud API key)", e.Err, ibmiam.APIKeyKey, p.secretName)
 		default:
 			e.Kind = cloud.Transient
 		}
@@ -102,7 +103,7 @@ func (p *Provider) classify(op string, err error, rec *exchange) *cloud.Error {
 		e.Kind = cloud.Capacity
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		e.Kind = cloud.Auth
-		e.Err = fmt.Errorf("%w (check that the API key in key %s of Secret %s may manage workspace %s: it needs a Power Virtual Server service role on it)", e.Err, apiKeyKey, p.secretName, p.ws.crn)
+		e.Err = fmt.Errorf("%w (check that the API key in key %s of Secret %s may manage workspace %s: it needs a Power Virtual Server service role on it)", e.Err, ibmiam.APIKeyKey, p.secretName, p.ws.crn)
 	case status == http.StatusNotFound:
 		e.Kind = cloud.NotFound
 	case status == http.StatusRequestTimeout || status == http.StatusConflict || status >= 500:
@@ -170,13 +171,4 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		rec.mu.Unlock()
 	}
 	return resp, err
-}
-
-// apiKey reads the API key from the platform's Secret.
-func (p *Provider) apiKey(ctx context.Context, op string) (string, error) {
-	creds, err := p.readSecret.Credentials(ctx, op, p.secretName, "the IBM Cloud API key", apiKeyKey)
-	if err != nil {
-		return "", err
-	}
-	return creds[apiKeyKey], nil
 }

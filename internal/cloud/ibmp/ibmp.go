@@ -25,21 +25,17 @@ import (
 	"github.com/IBM-Cloud/power-go-client/clients/instance"
 	"github.com/IBM-Cloud/power-go-client/ibmpisession"
 	"github.com/IBM-Cloud/power-go-client/power/models"
-	"github.com/IBM/go-sdk-core/v5/core"
 	httptransport "github.com/go-openapi/runtime/client"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/ibmiam"
 )
 
 func init() { cloud.Register("ibmp", New) }
 
 const (
-	// apiKeyKey is the key of the platform's Secret that holds the IBM Cloud API key.
-	apiKeyKey = "api-key"
 	// adminUser is who Power VS images let in with the key pair named at create, as upstream.
 	adminUser = "root"
-	// defaultIAMURL is IBM Cloud's public IAM; the SDK asks it at <url>/identity/token.
-	defaultIAMURL = "https://iam.cloud.ibm.com"
 
 	// Upstream's defaults for a platform that names no size: the smallest shared VM.
 	defaultCores  = 0.25
@@ -155,7 +151,7 @@ func New(s cloud.Settings) (cloud.Provider, error) {
 	if p.endpoint, err = endpointURL(v("url")); err != nil {
 		return nil, bad("url %q %v", v("url"), err)
 	}
-	p.iamURL = defaultIAMURL
+	p.iamURL = ibmiam.DefaultURL
 	if raw := v("iam-url"); raw != "" {
 		if p.iamURL, err = endpointURL(raw); err != nil {
 			return nil, bad("iam-url %q %v", raw, err)
@@ -504,23 +500,17 @@ func (p *Provider) call(ctx context.Context, op string, fn func(api) error) erro
 
 // session returns the session for the API key now in the platform's Secret.
 func (p *Provider) session(ctx context.Context, op string) (*ibmpisession.IBMPISession, error) {
-	key, err := p.apiKey(ctx, op)
+	key, err := ibmiam.Read(ctx, p.readSecret, op, p.secretName, p.iamURL)
 	if err != nil {
 		return nil, err
 	}
-	digest := sha256.Sum256([]byte(key))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.sess != nil && p.sessKey == digest {
+	if p.sess != nil && p.sessKey == key.Digest {
 		return p.sess, nil
 	}
-	auth := &core.IamAuthenticator{ApiKey: key, URL: p.iamURL}
-	if auth.Validate() != nil {
-		// Validate's message may quote the key; this one does not.
-		return nil, cloud.Errorf(cloud.Auth, op, "key %s of Secret %s is not an IBM Cloud API key (it is empty or has quotes or braces)", apiKeyKey, p.secretName)
-	}
 	sess, err := ibmpisession.NewIBMPISession(&ibmpisession.IBMPIOptions{
-		Authenticator: auth,
+		Authenticator: key.Authenticator,
 		URL:           p.endpoint,
 		UserAccount:   p.ws.account,
 		Zone:          p.ws.zone,
@@ -533,7 +523,7 @@ func (p *Provider) session(ctx context.Context, op string) (*ibmpisession.IBMPIS
 	if rt, ok := sess.Power.Transport.(*httptransport.Runtime); ok {
 		rt.Transport = recordingTransport{next: rt.Transport}
 	}
-	p.sess, p.sessKey = sess, digest
+	p.sess, p.sessKey = sess, key.Digest
 	return sess, nil
 }
 

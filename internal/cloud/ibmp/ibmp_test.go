@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/ibmiam"
 	"github.com/berth-ci/berth/internal/testground/iamfake"
 	"github.com/berth-ci/berth/internal/testground/powerfake"
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
@@ -40,7 +41,7 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	r := &rig{t: t, secrets: map[string]map[string][]byte{secretName: {apiKeyKey: []byte(apiKey)}}}
+	r := &rig{t: t, secrets: map[string]map[string][]byte{secretName: {ibmiam.APIKeyKey: []byte(apiKey)}}}
 	r.machines = vmcloud.NewForTest(t, vmcloud.Options{APIKey: "unused", Hostless: true})
 	r.iam = iamfake.NewForTest(t, apiKey)
 	r.api = powerfake.NewForTest(t, powerfake.Options{
@@ -481,15 +482,15 @@ func TestAuthFailures(t *testing.T) {
 
 	r.setSecret(map[string][]byte{"apikey": []byte(apiKey)})
 	_, err = p.Launch(ctx, req)
-	noSecret(err, secretName, apiKeyKey)
+	noSecret(err, secretName, ibmiam.APIKeyKey)
 
 	// A key IAM does not know.
-	r.setSecret(map[string][]byte{apiKeyKey: []byte("other-key")})
+	r.setSecret(map[string][]byte{ibmiam.APIKeyKey: []byte("other-key")})
 	_, err = p.Launch(ctx, req)
-	noSecret(err, secretName, apiKeyKey)
+	noSecret(err, secretName, ibmiam.APIKeyKey)
 
 	// The right key again: the provider takes the Secret's new value.
-	r.setSecret(map[string][]byte{apiKeyKey: []byte(apiKey)})
+	r.setSecret(map[string][]byte{ibmiam.APIKeyKey: []byte(apiKey)})
 	inst, err := p.Launch(ctx, req)
 	if err != nil {
 		t.Fatal(err)

@@ -25,17 +25,14 @@ import (
 	"github.com/IBM/vpc-go-sdk/vpcv1"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/cloud/ibmiam"
 )
 
 func init() { cloud.Register("ibmz", New) }
 
 const (
-	// apiKeyKey is the key of the platform's Secret that holds the IBM Cloud API key.
-	apiKeyKey = "api-key"
 	// adminUser is who IBM's s390x images let in with the instance's SSH key.
 	adminUser = "root"
-	// defaultIAMURL is IBM Cloud's public IAM endpoint.
-	defaultIAMURL = "https://iam.cloud.ibm.com"
 	// defaultDiskGB is the boot volume the upstream controller always asked for.
 	defaultDiskGB = 100
 	// Boot volumes of VPC instances are 10 to 250 GB.
@@ -75,10 +72,10 @@ type Provider struct {
 	readSecret cloud.SecretReader
 
 	mu sync.Mutex
-	// apiKey is the key svc authenticates with; a changed Secret makes a new svc, so a
-	// rotated key takes effect at the next call and IAM tokens are reused between calls.
-	apiKey string
-	svc    *vpcv1.VpcV1
+	// keyDigest is the digest of the key svc authenticates with; a changed Secret makes a new
+	// svc, so a rotated key takes effect at the next call and IAM tokens are reused between calls.
+	keyDigest [sha256.Size]byte
+	svc       *vpcv1.VpcV1
 	// net is the VPC, subnet, key and zone the names in the config resolved to, once found:
 	// they stay while the settings do (a new provider comes with new settings). A launch the
 	// cloud refuses as misconfigured forgets them, in case they were deleted and made anew.
@@ -126,7 +123,7 @@ func New(s cloud.Settings) (cloud.Provider, error) {
 	}
 	p.iamURL = v("iam-url")
 	if p.iamURL == "" {
-		p.iamURL = defaultIAMURL
+		p.iamURL = ibmiam.DefaultURL
 	}
 	if err := httpURL(p.iamURL); err != nil {
 		return nil, bad("iam-url %q %v", p.iamURL, err)
@@ -772,7 +769,7 @@ func (p *Provider) failure(op string, resp *core.DetailedResponse, err error) er
 			status = hp.Response.StatusCode
 		}
 		if status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusForbidden {
-			return cloud.Errorf(cloud.Auth, op, "IBM Cloud IAM (%s) refused the API key in key %s of Secret %s (%d): check that it is a valid key of the account", p.iamURL, apiKeyKey, p.secretName, status)
+			return cloud.Errorf(cloud.Auth, op, "IBM Cloud IAM (%s) refused the API key in key %s of Secret %s (%d): check that it is a valid key of the account", p.iamURL, ibmiam.APIKeyKey, p.secretName, status)
 		}
 		return cloud.Errorf(cloud.Transient, op, "getting a token from IBM Cloud IAM (%s): %d", p.iamURL, status)
 	}
@@ -798,7 +795,7 @@ func (p *Provider) failure(op string, resp *core.DetailedResponse, err error) er
 			e.RetryAfter = time.Duration(s) * time.Second
 		}
 	case cloud.Auth:
-		e.Err = fmt.Errorf("%w (the API key is key %s of Secret %s: check that its user or service ID may manage VPC instances)", e.Err, apiKeyKey, p.secretName)
+		e.Err = fmt.Errorf("%w (the API key is key %s of Secret %s: check that its user or service ID may manage VPC instances)", e.Err, ibmiam.APIKeyKey, p.secretName)
 	}
 	return e
 }
@@ -832,21 +829,16 @@ func kindOf(pr apiProblem) cloud.Kind {
 // service returns the SDK client for the API key now in the Secret, building a new one when
 // the key changed.
 func (p *Provider) service(ctx context.Context, op string) (*vpcv1.VpcV1, error) {
-	key, err := p.readKey(ctx, op)
+	key, err := ibmiam.Read(ctx, p.readSecret, op, p.secretName, p.iamURL)
 	if err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.svc != nil && p.apiKey == key {
+	if p.svc != nil && p.keyDigest == key.Digest {
 		return p.svc, nil
 	}
-	auth := &core.IamAuthenticator{ApiKey: key, URL: p.iamURL}
-	if auth.Validate() != nil {
-		// Validate's message is about the key's shape; it is not repeated, lest it quote it.
-		return nil, cloud.Errorf(cloud.Auth, op, "key %s of Secret %s is not an IBM Cloud API key (it is empty or quoted)", apiKeyKey, p.secretName)
-	}
-	svc, err := vpcv1.NewVpcV1(&vpcv1.VpcV1Options{URL: p.endpoint, Authenticator: auth})
+	svc, err := vpcv1.NewVpcV1(&vpcv1.VpcV1Options{URL: p.endpoint, Authenticator: key.Authenticator})
 	if err != nil {
 		return nil, cloud.Errorf(cloud.BadConfig, op, "platform %s: the VPC client for %s: %v", p.platform, p.endpoint, err)
 	}
@@ -863,16 +855,6 @@ func (p *Provider) service(ctx context.Context, op string) (*vpcv1.VpcV1, error)
 		return core.IBMCloudSDKRetryPolicy(ctx, resp, err)
 	}
 	svc.Service.SetHTTPClient(retrying.StandardClient())
-	p.apiKey, p.svc = key, svc
+	p.keyDigest, p.svc = key.Digest, svc
 	return svc, nil
-}
-
-// readKey reads the API key from the platform's Secret, afresh for every call, so a rotated
-// or removed key takes effect at once.
-func (p *Provider) readKey(ctx context.Context, op string) (string, error) {
-	creds, err := p.readSecret.Credentials(ctx, op, p.secretName, "the IBM Cloud API key", apiKeyKey)
-	if err != nil {
-		return "", err
-	}
-	return creds[apiKeyKey], nil
 }
