@@ -470,9 +470,10 @@ func (s *Server) vpcRef() ref {
 	return ref{ID: s.vpc.ID, CRN: s.vpc.CRN, Href: s.href("vpcs", s.vpc.ID), Name: s.vpc.Name, ResourceType: "vpc"}
 }
 
-// page cuts a list at the start token and the limit, the way the API pages: the next link
-// carries the start token of the next page.
-func (s *Server) page(r *http.Request, ids []string) (items []string, paging map[string]any, f *failure) {
+// page answers one page of a list, the way the API pages: ids cut at the start token and the
+// limit, each rendered under kind, with first and next links (the next one carries the start
+// token of the next page).
+func (s *Server) page(r *http.Request, ids []string, kind string, render func(id string) any) (any, *failure) {
 	q := r.URL.Query()
 	limit := s.opts.PageLimit
 	if v := q.Get("limit"); v != "" {
@@ -480,7 +481,7 @@ func (s *Server) page(r *http.Request, ids []string) (items []string, paging map
 		if err != nil || n < 1 || n > 100 {
 			f := fail(http.StatusBadRequest, "bad_request", "limit must be between 1 and 100")
 			f.err.Target = &errorTarget{Name: "limit", Type: "parameter", Value: v}
-			return nil, nil, f
+			return nil, f
 		}
 		limit = n
 	}
@@ -490,14 +491,14 @@ func (s *Server) page(r *http.Request, ids []string) (items []string, paging map
 		if from < 0 {
 			f := fail(http.StatusBadRequest, "bad_request", "the start token is not valid")
 			f.err.Target = &errorTarget{Name: "start", Type: "parameter", Value: start}
-			return nil, nil, f
+			return nil, f
 		}
 	}
 	base := *r.URL
 	first := base.Query()
 	first.Del("start")
 	base.RawQuery = first.Encode()
-	paging = map[string]any{"limit": limit, "total_count": len(ids), "first": map[string]string{"href": s.url + strings.TrimPrefix(base.String(), "/v1")}}
+	paging := map[string]any{"limit": limit, "total_count": len(ids), "first": map[string]string{"href": s.url + strings.TrimPrefix(base.String(), "/v1")}}
 	to := min(from+limit, len(ids))
 	if to < len(ids) {
 		next := base.Query()
@@ -505,7 +506,12 @@ func (s *Server) page(r *http.Request, ids []string) (items []string, paging map
 		base.RawQuery = next.Encode()
 		paging["next"] = map[string]string{"href": s.url + strings.TrimPrefix(base.String(), "/v1")}
 	}
-	return ids[from:to], paging, nil
+	items := []any{}
+	for _, id := range ids[from:to] {
+		items = append(items, render(id))
+	}
+	paging[kind] = items
+	return paging, nil
 }
 
 func (s *Server) listResources(r *http.Request, kind string, all []resource, render func(resource) any) (any, *failure) {
@@ -513,16 +519,7 @@ func (s *Server) listResources(r *http.Request, kind string, all []resource, ren
 	for i, res := range all {
 		ids[i] = res.ID
 	}
-	page, out, f := s.page(r, ids)
-	if f != nil {
-		return nil, f
-	}
-	items := []any{}
-	for _, id := range page {
-		items = append(items, render(all[slices.Index(ids, id)]))
-	}
-	out[kind] = items
-	return out, nil
+	return s.page(r, ids, kind, func(id string) any { return render(all[slices.Index(ids, id)]) })
 }
 
 // identity is any of the API's "identity" shapes: by id, by name, by CRN or by href.
@@ -748,16 +745,7 @@ func (s *Server) listInstances(r *http.Request) (any, *failure) {
 			ids = append(ids, id)
 		}
 	}
-	page, out, f := s.page(r, ids)
-	if f != nil {
-		return nil, f
-	}
-	items := []any{}
-	for _, id := range page {
-		items = append(items, s.instanceJSON(s.instances[id]))
-	}
-	out["instances"] = items
-	return out, nil
+	return s.page(r, ids, "instances", func(id string) any { return s.instanceJSON(s.instances[id]) })
 }
 
 func (s *Server) getInstance(id string) (any, *failure) {
@@ -906,16 +894,7 @@ func (s *Server) listFloatingIPs(r *http.Request) (any, *failure) {
 		}
 		ids = append(ids, id)
 	}
-	page, out, f := s.page(r, ids)
-	if f != nil {
-		return nil, f
-	}
-	items := []any{}
-	for _, id := range page {
-		items = append(items, s.fipJSON(s.fips[id]))
-	}
-	out["floating_ips"] = items
-	return out, nil
+	return s.page(r, ids, "floating_ips", func(id string) any { return s.fipJSON(s.fips[id]) })
 }
 
 func (s *Server) getFloatingIP(id string) (any, *failure) {
