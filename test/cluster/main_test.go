@@ -214,33 +214,30 @@ const failureTimeout = "10m"
 // runPipeline runs req as RunClusterPipeline does and gives the space back when the test ends.
 func runPipeline(t *testing.T, req devstack.ClusterRequest) *devstack.ClusterRun {
 	t.Helper()
-	run, err := stack.RunClusterPipeline(context.Background(), req, pipelineLimit)
-	if run != nil && run.Space != nil {
-		release(t, run)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !run.Space.IsSuccessful() {
-		t.Fatalf("berth-provision-space failed: %s\n%s", message(run.Space), steps.of(run.Space, ""))
-	}
-	return run
+	return withSpace(t, stack.RunClusterPipeline, req)
 }
 
 // provisionSpace runs berth-provision-space alone and gives the space back when the test ends.
 func provisionSpace(t *testing.T, req devstack.ClusterRequest) *devstack.ClusterRun {
 	t.Helper()
-	run, err := stack.ProvisionSpace(context.Background(), req, pipelineLimit)
-	if run != nil && run.Space != nil {
-		release(t, run)
+	return withSpace(t, stack.ProvisionSpace, req)
+}
+
+// withSpace runs req with run, gives the space back when the test ends, and fails the test
+// unless the space was made.
+func withSpace(t *testing.T, run func(context.Context, devstack.ClusterRequest, time.Duration) (*devstack.ClusterRun, error), req devstack.ClusterRequest) *devstack.ClusterRun {
+	t.Helper()
+	got, err := run(context.Background(), req, pipelineLimit)
+	if got != nil && got.Space != nil {
+		release(t, got)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !run.Space.IsSuccessful() {
-		t.Fatalf("berth-provision-space failed: %s\n%s", message(run.Space), steps.of(run.Space, ""))
+	if !got.Space.IsSuccessful() {
+		t.Fatalf("berth-provision-space failed: %s\n%s", message(got.Space), steps.of(got.Space, ""))
 	}
-	return run
+	return got
 }
 
 // release deletes the run's space (and any cluster in it) once the test is over, and checks
