@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/cluster"
@@ -49,9 +48,7 @@ func (f *tenantFlags) client() (client.Client, string, error) {
 	if f.namespace != "" {
 		return c, f.namespace, nil
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = f.kubeconfig
-	ns, _, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).Namespace()
+	ns, _, err := clusterConfig(f.kubeconfig, "").Namespace()
 	if err != nil {
 		return nil, "", fmt.Errorf("finding the tenant namespace (give --namespace): %w", err)
 	}

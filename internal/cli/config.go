@@ -271,11 +271,18 @@ func readConfigMapFile(path string) (*corev1.ConfigMap, error) {
 	return labelled[0], nil
 }
 
-// restConfig reaches the cluster: in-cluster when berth runs in a pod, else through kubeconfig.
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// clusterConfig is how every command finds its cluster: the kubeconfig file given, else
+// $KUBECONFIG or ~/.kube/config, else the in-cluster config of a pod; at kubeContext, or the
+// kubeconfig's current context when that is empty.
+func clusterConfig(kubeconfig, kubeContext string) clientcmd.ClientConfig {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
+}
+
+// restConfig reaches the cluster: in-cluster when berth runs in a pod, else through kubeconfig.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	cfg, err := clusterConfig(kubeconfig, "").ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("no cluster to talk to (in-cluster config, --kubeconfig, $KUBECONFIG or ~/.kube/config): %w", err)
 	}

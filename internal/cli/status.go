@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -91,9 +90,7 @@ documents with -o json, YAML documents with -o yaml).`,
 }
 
 func (o statusOptions) client() (client.WithWatch, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context}).ClientConfig()
+	cfg, err := clusterConfig(o.kubeconfig, o.context).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("no cluster to talk to (--kubeconfig, $KUBECONFIG, ~/.kube/config or in-cluster): %w", err)
 	}
