@@ -2,17 +2,10 @@ package caasstandin
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	cryptorand "crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -26,6 +19,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
 // The quota webhook: the apiserver calls it over HTTPS for every instance created, trusting the
@@ -207,46 +202,14 @@ func (q *quotaCheck) refusal(ctx context.Context, namespace, templateName string
 // servingCertificate makes a CA and a certificate it signs for 127.0.0.1, where the webhook
 // listens. It returns the CA in PEM, for the webhook configuration's caBundle.
 func servingCertificate() ([]byte, tls.Certificate, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), cryptorand.Reader)
+	ca, err := tlscerts.NewCA("caas-standin-webhook-ca")
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
-	now := time.Now()
-	ca := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "caas-standin-webhook-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(365 * 24 * time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(cryptorand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	serving, err := ca.Issue("127.0.0.1", "localhost")
 	if err != nil {
 		return nil, tls.Certificate{}, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), cryptorand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "caas-standin-webhook"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     ca.NotAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost"},
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	leafDER, err := x509.CreateCertificate(cryptorand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	return caPEM, tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key}, nil
+	cert, err := serving.TLS()
+	return ca.PEM, cert, err
 }

@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/berth-ci/berth/internal/kubescheme"
+	"github.com/berth-ci/berth/internal/otp/keyserver"
+)
+
+func newOTPServerCommand() *cobra.Command {
+	var (
+		kubeconfig, metricsAddress, healthAddress string
+		leaderElect                               bool
+		store                                     = keyserver.Store{Namespace: defaultNamespace(), TTL: keyserver.DefaultTTL}
+		serve                                     = keyserver.ServeOptions{Addr: ":8443"}
+	)
+	cmd := &cobra.Command{
+		Use:   "otp-server",
+		Short: "Run the one-time-password key server alone: tasks redeem their key's token once over HTTPS",
+		Long: `The key server hands a task its private key once, for the one-time token in its secret
+(POST /otp), as the buildah-remote Tasks expect. Keys are kept sealed under their tokens in
+Secrets of berth's namespace, so a restart loses none; they are written by berth's controller
+(--otp-server-url) or, for the ServiceAccounts named in --store-key-service-accounts only, through
+POST /store-key. The controller can serve the same endpoints itself (--otp-bind-address).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+				Scheme:                        kubescheme.New(),
+				Metrics:                       metricsserver.Options{BindAddress: metricsAddress},
+				HealthProbeBindAddress:        healthAddress,
+				LeaderElection:                leaderElect,
+				LeaderElectionID:              "berth-otp-server",
+				LeaderElectionNamespace:       store.Namespace,
+				LeaderElectionReleaseOnCancel: true,
+			})
+			if err != nil {
+				return err
+			}
+			if store.Client, err = client.New(cfg, client.Options{Scheme: mgr.GetScheme()}); err != nil {
+				return err
+			}
+			if err := keyserver.Serve(mgr, &store, serve); err != nil {
+				return err
+			}
+			if err := mgr.Add(keyserver.Sweeper{Store: &store}); err != nil {
+				return err
+			}
+			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			ctrl.Log.WithName("berth").Info("starting the key server", "namespace", store.Namespace, "address", serve.Addr)
+			return mgr.Start(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
+	f.StringVar(&store.Namespace, "namespace", store.Namespace, "berth's namespace, where the keys and the tasks' records are (default $POD_NAMESPACE)")
+	f.StringVar(&serve.Addr, "bind-address", serve.Addr, "where the key server listens (HTTPS)")
+	f.StringVar(&serve.CertDir, "cert-dir", "", "directory of the server's tls.crt and tls.key (a cert-manager Certificate's Secret, mounted); read again when they change")
+	f.DurationVar(&store.TTL, "key-ttl", store.TTL, "how long a key stored through POST /store-key can be redeemed")
+	f.StringSliceVar(&serve.StoreKeyServiceAccounts, "store-key-service-accounts", nil, "ServiceAccounts (namespace/name, comma-separated) whose tokens may POST /store-key; none: /store-key is refused")
+	f.StringVar(&metricsAddress, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
+	f.StringVar(&healthAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables them")
+	f.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the sweep of expired keys, when several replicas serve")
+	_ = cmd.MarkFlagRequired("cert-dir")
+	return cmd
+}

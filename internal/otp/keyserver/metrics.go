@@ -1,0 +1,29 @@
+package keyserver
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	redemptions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_otp_redemptions_total",
+		Help: "Requests to redeem a one-time token, by outcome: redeemed, unknown (never issued or already used), expired, ended (its task ended or moved on), malformed, failed (the apiserver could not be asked; the key is kept).",
+	}, []string{"outcome"})
+	stored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_otp_keys_stored_total",
+		Help: "Private keys kept for one-time redemption, by who stored them: controller (a task's key) or store-key (POST /store-key).",
+	}, []string{"via"})
+	withdrawn = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_otp_keys_withdrawn_total",
+		Help: "Kept keys deleted without being redeemed, by reason: revoked (their task ended or its secret was tampered with), expired or ended (found by the sweeper).",
+	}, []string{"reason"})
+	storeKeyRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_otp_store_key_refusals_total",
+		Help: "Refused POST /store-key requests, by reason: disabled, unauthenticated, forbidden.",
+	}, []string{"reason"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals)
+}

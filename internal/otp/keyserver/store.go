@@ -1,0 +1,267 @@
+// Package keyserver is berth's one-time-password key server: a task's private key is kept
+// sealed in a Secret of berth's namespace, and handed out once, over HTTPS, to whoever sends
+// the token it was sealed under (POST /otp), as the buildah-remote Tasks expect. Keys outlive
+// restarts of the server (they are in the apiserver, not in memory), a key is handed out at
+// most once however many ask at the same moment (the delete that claims it is conditional on
+// the version read), and a key stays redeemable only while the task it was made for holds its
+// build user, and for at most a TTL.
+package keyserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/otp"
+)
+
+// What a kept key's Secret carries besides the sealed key. The token is nowhere: the Secret's
+// name is derived from it one way (otp.Token.Name).
+const (
+	// KeyLabel marks every kept key ("true"), so that they can be listed without any other
+	// Secret. It is not berth's task-secret label: kept keys never enter the controller's cache.
+	KeyLabel = "berth.dev/otp-key"
+	// AllocationLabel names the record (Allocation) of the task a key was made for; a key
+	// stored through POST /store-key has none.
+	AllocationLabel         = "berth.dev/otp-allocation"
+	allocationUIDAnnotation = "berth.dev/otp-allocation-uid"
+	buildUserAnnotation     = "berth.dev/otp-build-user"
+	expiresAnnotation       = "berth.dev/otp-expires"
+	// storedByAnnotation names the ServiceAccount that stored a key through POST /store-key.
+	storedByAnnotation = "berth.dev/otp-stored-by"
+	sealedKey          = "sealed"
+	// SecretType is the type of a kept key's Secret.
+	SecretType corev1.SecretType = "berth.dev/one-time-key"
+)
+
+// DefaultTTL is how long a stored key can be redeemed: enough for a task's pod to be scheduled,
+// pull its image and reach the step that redeems it; far shorter than a build host is kept.
+const DefaultTTL = 30 * time.Minute
+
+// Binding ties a key to the task it was made for: the task's record and the build user the
+// key logs in as. The key can be redeemed only while the record holds that user.
+type Binding struct {
+	// Allocation is the record's name (the TaskRun's UID), AllocationUID the record's own UID:
+	// a record dropped and made again is another one.
+	Allocation    string
+	AllocationUID types.UID
+	BuildUser     string
+}
+
+// Why a redemption fails. Each is what the person reading the task's log is told, and none
+// tells of a token that was never issued more than "unknown or already used".
+var (
+	ErrUnknown = errors.New("unknown or already used one-time token: a token is good for one redemption; start a new build to get another")
+	ErrExpired = errors.New("the one-time token has expired: a key is kept only a limited time after berth stores it; start a new build")
+	ErrEnded   = errors.New("the task this one-time token was issued to has ended or no longer holds its build host, so its key was withdrawn; start a new build")
+)
+
+// endedError is ErrEnded with what ended, for the log.
+type endedError struct{ why string }
+
+func (e endedError) Error() string        { return ErrEnded.Error() + " (" + e.why + ")" }
+func (e endedError) Is(target error) bool { return target == ErrEnded }
+
+// Store keeps sealed keys as Secrets of one namespace.
+type Store struct {
+	// Client reads and writes past any cache: a kept key is never held in a cache, and a
+	// redemption must see the apiserver's own version.
+	Client    client.Client
+	Namespace string
+	// TTL is how long a stored key can be redeemed (DefaultTTL when zero).
+	TTL time.Duration
+	// Now is the clock (time.Now when nil); tests move it.
+	Now func() time.Time
+}
+
+func (s *Store) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Store) ttl() time.Duration {
+	if s.TTL > 0 {
+		return s.TTL
+	}
+	return DefaultTTL
+}
+
+// Put keeps key sealed under a fresh token and returns the token. bound is the task the key
+// belongs to; nil for a key stored through POST /store-key, whose caller (storedBy) answers
+// for it and which only its TTL ends.
+func (s *Store) Put(ctx context.Context, key []byte, bound *Binding, storedBy string) (otp.Token, error) {
+	tok := otp.NewToken()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: tok.Name(), Namespace: s.Namespace,
+			Labels: map[string]string{KeyLabel: "true", "app.kubernetes.io/managed-by": "berth"},
+			Annotations: map[string]string{
+				expiresAnnotation: s.now().Add(s.ttl()).UTC().Format(time.RFC3339),
+			},
+		},
+		Type: SecretType,
+	}
+	if bound != nil {
+		secret.Labels[AllocationLabel] = bound.Allocation
+		secret.Annotations[allocationUIDAnnotation] = string(bound.AllocationUID)
+		secret.Annotations[buildUserAnnotation] = bound.BuildUser
+	}
+	if storedBy != "" {
+		secret.Annotations[storedByAnnotation] = storedBy
+	}
+	secret.Data = map[string][]byte{sealedKey: tok.Seal(key, sealContext(secret))}
+	if err := s.Client.Create(ctx, secret); err != nil {
+		return otp.Token{}, fmt.Errorf("keeping a one-time key in namespace %s: %w", s.Namespace, err)
+	}
+	via := "controller"
+	if bound == nil {
+		via = "store-key"
+	}
+	stored.WithLabelValues(via).Inc()
+	return tok, nil
+}
+
+// sealContext is what is sealed with the key besides it: where it is kept, the task it is
+// bound to and its expiry. None of it can be changed without the token, so someone who can
+// write berth's Secrets can neither extend a key's life nor move it to another task.
+func sealContext(s *corev1.Secret) []byte {
+	return []byte(strings.Join([]string{s.Namespace, s.Name, s.Labels[AllocationLabel],
+		s.Annotations[allocationUIDAnnotation], s.Annotations[buildUserAnnotation], s.Annotations[expiresAnnotation]}, "\x00"))
+}
+
+// Redemption is a redeemed key, and the record it was made for ("" for a stored one).
+type Redemption struct {
+	Key        []byte
+	Allocation string
+}
+
+// Redeem hands out the key kept under the token text, once: of any number of redemptions of
+// one token, only the one whose delete of the key's Secret succeeds gets the key. A token that
+// expired, or whose task ended, fails and its key is deleted. Errors other than ErrUnknown,
+// ErrExpired, ErrEnded and otp.ErrMalformed are the apiserver's; the key is then still kept.
+func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
+	tok, err := otp.ParseToken(text)
+	if err != nil {
+		return Redemption{}, err
+	}
+	var secret corev1.Secret
+	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: tok.Name()}, &secret); {
+	case apierrors.IsNotFound(err):
+		return Redemption{}, ErrUnknown
+	case err != nil:
+		return Redemption{}, fmt.Errorf("reading the one-time key: %w", err)
+	}
+	if secret.Labels[KeyLabel] != "true" || secret.DeletionTimestamp != nil {
+		return Redemption{}, ErrUnknown
+	}
+	done := Redemption{Allocation: secret.Labels[AllocationLabel]}
+	key, err := tok.Open(secret.Data[sealedKey], sealContext(&secret))
+	if err != nil {
+		// Changed by someone without the token: it can never be redeemed.
+		return done, errors.Join(ErrUnknown, s.withdraw(ctx, &secret))
+	}
+	if refusal, err := s.judge(ctx, &secret); err != nil {
+		return done, err
+	} else if refusal != nil {
+		return done, errors.Join(refusal, s.withdraw(ctx, &secret))
+	}
+	// The claim: only the version read is deleted. Every other redemption of this token finds
+	// it gone (or, past a conflict, changed) and gets ErrUnknown.
+	switch err := s.Client.Delete(ctx, &secret, client.Preconditions{UID: &secret.UID, ResourceVersion: &secret.ResourceVersion}); {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		return done, ErrUnknown
+	case err != nil:
+		return done, fmt.Errorf("claiming the one-time key: %w", err)
+	}
+	done.Key = key
+	return done, nil
+}
+
+// judge tells why a kept key may no longer be redeemed (nil: it may). Only the clock and
+// berth's own records decide, never anything a tenant writes; the TaskRun is read only to
+// refuse sooner, the moment it ends, before the controller has moved its record on.
+func (s *Store) judge(ctx context.Context, secret *corev1.Secret) (refusal, err error) {
+	expires, perr := time.Parse(time.RFC3339, secret.Annotations[expiresAnnotation])
+	if perr != nil || !s.now().Before(expires) {
+		return ErrExpired, nil
+	}
+	name := secret.Labels[AllocationLabel]
+	if name == "" {
+		return nil, nil // stored through /store-key: its TTL is its only bound
+	}
+	var rec berthv1.Allocation
+	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: name}, &rec); {
+	case apierrors.IsNotFound(err):
+		return endedError{"its record is gone"}, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the record the one-time key was made for: %w", err)
+	}
+	st := rec.Status
+	switch {
+	case string(rec.UID) != secret.Annotations[allocationUIDAnnotation]:
+		return endedError{"its record was replaced"}, nil
+	case st.EndedAt != nil || st.Phase == berthv1.PhaseCleaning:
+		return endedError{"the task ended"}, nil
+	case st.SecretTampered:
+		return endedError{"the task's secret was changed or deleted"}, nil
+	case st.BuildUser != secret.Annotations[buildUserAnnotation]:
+		return endedError{"build user " + secret.Annotations[buildUserAnnotation] + " was replaced"}, nil
+	// The key is kept and the secret written before the record says Ready: in between, the
+	// record already names the user the key logs in as.
+	case st.Phase != berthv1.PhaseReady && st.Phase != berthv1.PhaseProvisioning:
+		return endedError{"the task holds no build host"}, nil
+	}
+	ref := rec.Spec.TaskRun
+	var tr pipelinev1.TaskRun
+	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &tr); {
+	case apierrors.IsNotFound(err):
+		return endedError{"the TaskRun is gone"}, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading TaskRun %s: %w", ref.Key(), err)
+	case tr.UID != ref.UID:
+		return endedError{"the TaskRun is gone"}, nil
+	case tr.DeletionTimestamp != nil || tr.IsDone():
+		return endedError{"the TaskRun ended"}, nil
+	}
+	return nil, nil
+}
+
+// withdraw deletes a key that may no longer be redeemed.
+func (s *Store) withdraw(ctx context.Context, secret *corev1.Secret) error {
+	err := s.Client.Delete(ctx, secret, client.Preconditions{UID: &secret.UID})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting a one-time key that can no longer be redeemed: %w", err)
+	}
+	return nil
+}
+
+// Revoke deletes every key kept for the record: its task ended, its secret was tampered with,
+// or its build user is being replaced.
+func (s *Store) Revoke(ctx context.Context, allocation string) error {
+	var list corev1.SecretList
+	if err := s.Client.List(ctx, &list, client.InNamespace(s.Namespace),
+		client.MatchingLabels{KeyLabel: "true", AllocationLabel: allocation}); err != nil {
+		return fmt.Errorf("listing the one-time keys of record %s: %w", allocation, err)
+	}
+	var errs []error
+	for i := range list.Items {
+		if err := s.withdraw(ctx, &list.Items[i]); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		withdrawn.WithLabelValues("revoked").Inc()
+	}
+	return errors.Join(errs...)
+}
