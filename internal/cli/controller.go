@@ -5,6 +5,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/berth-ci/berth/internal/controller"
+	"github.com/berth-ci/berth/internal/otp/keyserver"
 )
 
 func newControllerCommand() *cobra.Command {
@@ -54,5 +55,11 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.TaskServiceAccount, "task-service-account", o.TaskServiceAccount, "the ServiceAccount internal TaskRuns run as")
 	f.StringVar(&o.Provisioner, "provisioner", o.Provisioner, "how hosts are worked on: ssh (by the controller itself; admin keys never leave it) or taskrun (internal TaskRuns, where only pods may reach hosts)")
 	f.IntVar(&o.SSHWorkers, "ssh-workers", o.SSHWorkers, "host jobs (provision, clean) the ssh provisioner runs at once")
+	f.StringVar(&o.OTP.ServerURL, "otp-server-url", "", "give tasks a one-time token for their key instead of the key (secret keys otp, otp-server, otp-ca): the full https URL they POST it to, /otp included, e.g. https://berth-otp.berth-system.svc:8443/otp")
+	f.StringVar(&o.OTP.CAFile, "otp-ca-file", "", "the CA certificate written into task secrets as otp-ca (default <otp-cert-dir>/ca.crt)")
+	f.StringVar(&o.OTP.BindAddress, "otp-bind-address", "0", "serve the one-time-password key server here (HTTPS: POST /otp, POST /store-key, GET /healthz); 0 does not")
+	f.StringVar(&o.OTP.CertDir, "otp-cert-dir", "", "directory of the key server's tls.crt, tls.key and ca.crt (a cert-manager Certificate's Secret, mounted); read again when they change")
+	f.DurationVar(&o.OTP.KeyTTL, "otp-key-ttl", keyserver.DefaultTTL, "how long a task's key can be redeemed after berth stores it")
+	f.StringSliceVar(&o.OTP.StoreKeyServiceAccounts, "otp-store-key-service-accounts", nil, "ServiceAccounts (namespace/name, comma-separated) whose tokens may POST /store-key; none: /store-key is refused")
 	return cmd
 }

@@ -4,7 +4,10 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
+	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +29,7 @@ import (
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/kubescheme"
+	"github.com/berth-ci/berth/internal/otp/keyserver"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/remote"
 )
@@ -69,6 +73,60 @@ type Options struct {
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
+	// OTP is the one-time-password option: tasks get a token for their key, not the key.
+	OTP OTPOptions
+}
+
+// OTPOptions turn on the one-time-password key hand-over (docs/otp.md). ServerURL switches the
+// task secrets to the OTP shape; BindAddress serves the key server in the controller. Either
+// can go without the other: the server can run alone (`berth otp-server`), and a controller
+// serving only redemptions of keys it no longer writes lets those still in flight be redeemed.
+type OTPOptions struct {
+	// ServerURL is the full URL tasks POST their token to, /otp included (otp-server); "" gives
+	// tasks their key in the secret, as without the option.
+	ServerURL string
+	// CAFile is the CA certificate written into task secrets (otp-ca); CertDir's ca.crt when
+	// empty.
+	CAFile string
+	// BindAddress serves the key server in the controller (HTTPS); "" or "0" does not.
+	BindAddress string
+	// CertDir holds the server's tls.crt, tls.key and ca.crt, as a cert-manager Certificate's
+	// Secret mounted as a volume; they are read again when they change.
+	CertDir string
+	// KeyTTL is how long a key is kept for redemption (keyserver.DefaultTTL when zero).
+	KeyTTL time.Duration
+	// StoreKeyServiceAccounts ("namespace/name") may POST /store-key; none: nobody may.
+	StoreKeyServiceAccounts []string
+}
+
+func (o OTPOptions) serves() bool { return o.BindAddress != "" && o.BindAddress != "0" }
+
+// caFile is where the CA written into task secrets is read.
+func (o OTPOptions) caFile() string {
+	if o.CAFile != "" {
+		return o.CAFile
+	}
+	return filepath.Join(o.CertDir, keyserver.CAFile)
+}
+
+// check refuses settings that would only fail later, task by task.
+func (o OTPOptions) check() error {
+	if o.ServerURL != "" {
+		u, err := url.Parse(o.ServerURL)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return fmt.Errorf("--otp-server-url=%q: want the full https:// URL tasks POST their token to, /otp included", o.ServerURL)
+		}
+		if o.CAFile == "" && o.CertDir == "" {
+			return errors.New("--otp-server-url needs the CA of the server's certificate for the task secrets: --otp-ca-file or --otp-cert-dir")
+		}
+		if _, err := keyserver.ReadCA(o.caFile()); err != nil {
+			return err
+		}
+	}
+	if o.serves() && o.CertDir == "" {
+		return errors.New("--otp-bind-address needs --otp-cert-dir (tls.crt, tls.key)")
+	}
+	return nil
 }
 
 // keyStockSize is how many RSA keys the controller keeps made ahead when the config asks for
@@ -101,6 +159,9 @@ func DefaultOptions() Options {
 
 // New builds the manager; Start it to run the controller.
 func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
+	if err := o.OTP.check(); err != nil {
+		return nil, err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  kubescheme.New(),
 		Cache:                   taskrun.CacheOptions(o.Namespace),
@@ -135,12 +196,15 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if o.HostCheckInterval > 0 {
 		reconciler.QuarantineAfterCleanFailures = 3
 	}
+	uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return nil, err
+	}
+	if err := setupOTP(mgr, uncached, reconciler, o); err != nil {
+		return nil, err
+	}
 	switch o.Provisioner {
 	case "ssh", "":
-		uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
-		if err != nil {
-			return nil, err
-		}
 		reconciler.Provisioner = provision.NewSSH(provision.Hostops{MinFreeBytes: o.MinFreeBytes},
 			adminKeyReader(mgr.GetAPIReader(), o.Namespace),
 			hostKeysOf(hostkeys.Store{Client: uncached, Namespace: o.Namespace}),
@@ -175,6 +239,25 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		return nil, err
 	}
 	return mgr, nil
+}
+
+// setupOTP wires the one-time-password option. The sweeper runs whether or not the option is
+// on now: keys kept while it was on are deleted once they can no longer be redeemed.
+func setupOTP(mgr ctrl.Manager, uncached client.Client, reconciler *taskrun.Reconciler, o Options) error {
+	keys := &keyserver.Store{Client: uncached, Namespace: o.Namespace, TTL: o.OTP.KeyTTL}
+	if err := mgr.Add(keyserver.Sweeper{Store: keys}); err != nil {
+		return err
+	}
+	if o.OTP.ServerURL != "" {
+		caFile := o.OTP.caFile()
+		reconciler.OTP = &taskrun.OneTimeKeys{Keys: keys, URL: o.OTP.ServerURL,
+			CA: func() ([]byte, error) { return keyserver.ReadCA(caFile) }}
+	}
+	if !o.OTP.serves() {
+		return nil
+	}
+	return keyserver.Serve(mgr, keys, keyserver.ServeOptions{Addr: o.OTP.BindAddress, CertDir: o.OTP.CertDir,
+		StoreKeyServiceAccounts: o.OTP.StoreKeyServiceAccounts})
 }
 
 // adminKeyReader reads an admin key when a host job needs it, past the cache: no admin key is

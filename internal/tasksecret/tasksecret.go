@@ -1,7 +1,7 @@
 // Package tasksecret builds the secret a user task waits for, multi-platform-ssh-<taskrun>,
-// in exactly the shapes of the contract: success with a host, local, or an error a person
-// can act on. Every path of berth ends in one of these, because the secret is the only thing
-// that lets the task's pod start.
+// in exactly the shapes of the contract: success with a host (its key, or a one-time token for
+// it), local, or an error a person can act on. Every path of berth ends in one of these,
+// because the secret is the only thing that lets the task's pod start.
 package tasksecret
 
 import (
@@ -34,6 +34,14 @@ type Owner struct {
 // ForHost is the success secret: the per-task user's key, user@address and build directory.
 func ForHost(owner Owner, secretName, host, userDir string, privateKey []byte) *corev1.Secret {
 	return build(owner, secretName, map[string][]byte{"id_rsa": privateKey, "host": []byte(host), "user-dir": []byte(userDir)})
+}
+
+// ForOTP is the success secret with the one-time-password server: in place of the key, a
+// token the task redeems for it once (otp) at the server's URL (otp-server, path included),
+// and the CA of the server's certificate (otp-ca).
+func ForOTP(owner Owner, secretName, token, serverURL string, serverCA []byte, host, userDir string) *corev1.Secret {
+	return build(owner, secretName, map[string][]byte{"otp": []byte(token), "otp-server": []byte(serverURL), "otp-ca": serverCA,
+		"host": []byte(host), "user-dir": []byte(userDir)})
 }
 
 // ForLocal tells the task to build where it runs.

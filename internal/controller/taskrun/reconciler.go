@@ -51,6 +51,8 @@ type Reconciler struct {
 	NewKey      KeyPair
 	// VMs serves dynamic and dynamic-pool platforms; without it they get an error secret.
 	VMs VMs
+	// OTP, if set, gives tasks a one-time token for their key instead of the key.
+	OTP *OneTimeKeys
 	// WaitTimeout ends a wait for a host with an error secret; 0 waits forever.
 	WaitTimeout time.Duration
 	// MirrorRevertInterval is the least time between two reverts of a tenant's edit of the

@@ -243,8 +243,10 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 		r.keys.Delete(keyID(rec))
 		return r.provisioningFailed(ctx, tr, rec, out.Err)
 	}
-	address := rec.Status.Login.Address
-	secret := tasksecret.ForHost(ownerOf(tr), tasksecret.Name(tr.Name), rec.Status.BuildUser+"@"+address, out.UserDir, keys.private)
+	secret, err := r.readySecret(ctx, tr, rec, out.UserDir, keys.private)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	if err := r.writeSecret(ctx, tr, secret); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -279,6 +281,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
 	r.event(ctx, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
 	var results outcomes
+	results.add(reconcile.Result{}, r.revokeKeys(ctx, next)) // a key kept for the old user before the restart
 	results.add(r.provision(ctx, tr, next))
 	results.add(r.payDebts(ctx, next))
 	return results.result()
@@ -360,6 +363,10 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	next := rec.DeepCopy()
 	next.Status.SecretTampered, next.Status.SecretDigest, next.Status.Message = true, digest(errSecret.Data), msg
 	if err := r.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	// A token the tenant read out of the secret before changing it redeems nothing now.
+	if err := r.revokeKeys(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	if err := r.writeSecret(ctx, tr, errSecret); err != nil {
@@ -458,7 +465,9 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
 	r.wake(r.Ledger.Release(task))
-	return next, nil
+	// Once, as the task ends: the redemption already refuses keys of an ended record, and the
+	// sweeper deletes what this misses.
+	return next, r.revokeKeys(ctx, next)
 }
 
 // settleOrphan finishes a record whose TaskRun is gone (or was re-created under its name).

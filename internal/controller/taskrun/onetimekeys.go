@@ -1,0 +1,60 @@
+package taskrun
+
+import (
+	"context"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/otp/keyserver"
+	"github.com/berth-ci/berth/internal/tasksecret"
+)
+
+// OneTimeKeys hands tasks a one-time token for their key instead of the key (the OTP option):
+// the key is kept sealed in Keys, and the task redeems the token once at URL, whose
+// certificate CA signs. See docs/otp.md.
+type OneTimeKeys struct {
+	Keys *keyserver.Store
+	// URL is the full URL tasks POST their token to, /otp included.
+	URL string
+	// CA reads the CA certificate of the server's certificate, current at each call (a
+	// rotated CA reaches the next task's secret).
+	CA func() ([]byte, error)
+}
+
+// readySecret is the secret of a task whose build user is ready: its key, or with the OTP
+// option a token for it. The key is kept before the secret is written, and bound to the record
+// and its build user: a crash before the secret is written leaves a key whose token nobody
+// has, which the record's next build user (see redo) or its end makes unredeemable, and the
+// sweeper deletes.
+func (r *Reconciler) readySecret(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, userDir string, private []byte) (*corev1.Secret, error) {
+	host := rec.Status.BuildUser + "@" + rec.Status.Login.Address
+	if r.OTP == nil {
+		return tasksecret.ForHost(ownerOf(tr), tasksecret.Name(tr.Name), host, userDir, private), nil
+	}
+	ca, err := r.OTP.CA()
+	if err != nil {
+		return nil, err
+	}
+	// One key of a record is redeemable at a time: one kept by an earlier pass whose secret
+	// was not written (or not recorded) goes first.
+	if err := r.revokeKeys(ctx, rec); err != nil {
+		return nil, err
+	}
+	tok, err := r.OTP.Keys.Put(ctx, private, &keyserver.Binding{Allocation: rec.Name, AllocationUID: rec.UID, BuildUser: rec.Status.BuildUser}, "")
+	if err != nil {
+		return nil, err
+	}
+	return tasksecret.ForOTP(ownerOf(tr), tasksecret.Name(tr.Name), tok.String(), r.OTP.URL, ca, host, userDir), nil
+}
+
+// revokeKeys deletes the record's unredeemed keys: its task ended, its secret was tampered
+// with, or its build user is being replaced. Were this cut short, the redemption still refuses
+// them (it checks the record), and the sweeper deletes them.
+func (r *Reconciler) revokeKeys(ctx context.Context, rec *berthv1.Allocation) error {
+	if r.OTP == nil {
+		return nil
+	}
+	return r.OTP.Keys.Revoke(ctx, rec.Name)
+}
