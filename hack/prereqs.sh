@@ -3,13 +3,13 @@
 # the test hosts), sudo (hosts grant exact sudo rights), iproute2 and util-linux (network and
 # mount namespaces), and for remote builds as the buildah-remote Tasks make them: rsync (both
 # ends), jq and buildah (what a build task's steps call in the Tekton stand-in, as their image
-# would have it; the stand-in brings its own /usr/bin/retry), and uidmap (the test hosts'
-# podman stand-in builds real images with buildah, rootless), and for berth's own image (make
-# image, test/deploy): podman, runc (Debian's podman defaults to crun, which cannot run a
-# container on a host with cgroups v1 and v2 mounted side by side) and ca-certificates (the CA
-# bundle the image carries). As root it installs what is missing with apt; otherwise it says
-# what is missing. With CI=true anything still missing is an error, so CI never skips those
-# tests.
+# would have it; the stand-in brings its own /usr/bin/retry), curl (what the Tasks redeem their
+# one-time key with), and uidmap (the test hosts' podman stand-in builds real images with
+# buildah, rootless), and for berth's own image (make image, test/deploy): podman, runc
+# (Debian's podman defaults to crun, which cannot run a container on a host with cgroups v1 and
+# v2 mounted side by side) and ca-certificates (the CA bundle the image carries). As root it
+# installs what is missing with apt; otherwise it says what is missing. With CI=true anything
+# still missing is an error, so CI never skips those tests.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -19,6 +19,7 @@ command -v unshare >/dev/null || need+=(util-linux)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
 command -v rsync >/dev/null || need+=(rsync)
 command -v jq >/dev/null || need+=(jq)
+[ -x /usr/bin/curl ] || need+=(curl)
 command -v buildah >/dev/null || need+=(buildah)
 command -v newuidmap >/dev/null || need+=(uidmap)
 command -v podman >/dev/null || need+=(podman)

@@ -19,6 +19,8 @@ func newOTPServerCommand() *cobra.Command {
 	var (
 		kubeconfig, metricsAddress, healthAddress string
 		leaderElect                               bool
+		qps                                       float32
+		burst                                     int
 		store                                     = keyserver.Store{Namespace: defaultNamespace(), TTL: keyserver.DefaultTTL}
 		serve                                     = keyserver.ServeOptions{Addr: ":8443"}
 	)
@@ -36,6 +38,7 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 			if err != nil {
 				return err
 			}
+			cfg.QPS, cfg.Burst = qps, burst
 			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 				Scheme:                        kubescheme.New(),
 				Metrics:                       metricsserver.Options{BindAddress: metricsAddress},
@@ -68,6 +71,8 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
+	f.Float32Var(&qps, "kube-api-qps", 100, "requests per second to the apiserver the server allows itself (a redemption takes four)")
+	f.IntVar(&burst, "kube-api-burst", 200, "burst above --kube-api-qps")
 	f.StringVar(&store.Namespace, "namespace", store.Namespace, "berth's namespace, where the keys and the tasks' records are (default $POD_NAMESPACE)")
 	f.StringVar(&serve.Addr, "bind-address", serve.Addr, "where the key server listens (HTTPS)")
 	f.StringVar(&serve.CertDir, "cert-dir", "", "directory of the server's tls.crt and tls.key (a cert-manager Certificate's Secret, mounted); read again when they change")

@@ -316,8 +316,16 @@ func TestKeptKeyIsSealed(t *testing.T) {
 func TestRevokeAndSweep(t *testing.T) {
 	store := newStore(t)
 	ctx := context.Background()
-	live, ended, revoked := newTask(t), newTask(t), newTask(t)
+	live, ended, revoked, moved, gone := newTask(t), newTask(t), newTask(t), newTask(t), newTask(t)
 	liveTok := put(t, store, live)
+	// What a crash between keeping a key and writing its secret leaves: a key of a record
+	// that has moved on to another build user since (see redo), or is gone.
+	movedTok, goneTok := put(t, store, moved), put(t, store, gone)
+	moved.rec.Status.BuildUser = moved.rec.Status.BuildUser[:len(moved.rec.Status.BuildUser)-1] + "2"
+	update(t, moved.rec)
+	if err := cp.Client.Delete(ctx, gone.rec); err != nil {
+		t.Fatal(err)
+	}
 	storedTok, err := store.Put(ctx, privateKey(t), nil, "ci/uploader")
 	if err != nil {
 		t.Fatal(err)
@@ -341,10 +349,15 @@ func TestRevokeAndSweep(t *testing.T) {
 	if _, err := store.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for tok, want := range map[string]bool{liveTok: true, storedTok.String(): true, endedTok: false, expiredTok: false} {
-		if got := isKept(t, mustParse(t, tok).Name()); got != want {
-			t.Errorf("after the sweep, a key is kept: %v, want %v (live %v, stored %v, ended %v, expired %v)",
-				got, want, tok == liveTok, tok == storedTok.String(), tok == endedTok, tok == expiredTok)
+	for name, c := range map[string]struct {
+		token string
+		kept  bool
+	}{
+		"live": {liveTok, true}, "stored through /store-key": {storedTok.String(), true}, "of an ended task": {endedTok, false},
+		"expired": {expiredTok, false}, "of a replaced build user": {movedTok, false}, "of a record that is gone": {goneTok, false},
+	} {
+		if got := isKept(t, mustParse(t, c.token).Name()); got != c.kept {
+			t.Errorf("after the sweep, the key %s is kept: %v, want %v", name, got, c.kept)
 		}
 	}
 }
