@@ -37,16 +37,42 @@ func (r *Reconciler) readySecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	if err != nil {
 		return nil, err
 	}
-	// One key of a record is redeemable at a time: one kept by an earlier pass whose secret
-	// was not written (or not recorded) goes first.
-	if err := r.revokeKeys(ctx, rec); err != nil {
-		return nil, err
-	}
-	tok, err := r.OTP.Keys.Put(ctx, private, &keyserver.Binding{Allocation: rec.Name, AllocationUID: rec.UID, BuildUser: rec.Status.BuildUser}, "")
+	token, err := r.keptToken(ctx, tr, rec, private)
 	if err != nil {
 		return nil, err
 	}
-	return tasksecret.ForOTP(ownerOf(tr), tasksecret.Name(tr.Name), tok.String(), r.OTP.URL, ca, host, userDir), nil
+	if token == "" {
+		// One key of a record is redeemable at a time: one kept by an earlier pass whose
+		// secret was not written goes first.
+		if err := r.revokeKeys(ctx, rec); err != nil {
+			return nil, err
+		}
+		tok, err := r.OTP.Keys.Put(ctx, private, bindingOf(rec), "")
+		if err != nil {
+			return nil, err
+		}
+		token = tok.String()
+	}
+	return tasksecret.ForOTP(ownerOf(tr), tasksecret.Name(tr.Name), token, r.OTP.URL, ca, host, userDir), nil
+}
+
+// keptToken is the token of the task's secret if an earlier pass wrote it for this build user
+// and its key is still kept ("" if not): the secret written again holds the same token, so a
+// pod that started in between and read it still gets its key.
+func (r *Reconciler) keptToken(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, private []byte) (string, error) {
+	s, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+	if err != nil || s == nil || !ownedBy(s, tr.UID) || len(s.Data["otp"]) == 0 {
+		return "", err
+	}
+	token := string(s.Data["otp"])
+	if held, err := r.OTP.Keys.Holds(ctx, token, *bindingOf(rec), private); err != nil || !held {
+		return "", err
+	}
+	return token, nil
+}
+
+func bindingOf(rec *berthv1.Allocation) *keyserver.Binding {
+	return &keyserver.Binding{Allocation: rec.Name, AllocationUID: rec.UID, BuildUser: rec.Status.BuildUser}
 }
 
 // revokeKeys deletes the record's unredeemed keys: its task ended, its secret was tampered

@@ -388,3 +388,47 @@ func mustParse(t *testing.T, text string) otp.Token {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Holds recognises a token that still keeps exactly this key for exactly this task, and
+// nothing else: what lets a pass that wrote a task's secret and failed after hand out the same
+// token when run again.
+func TestHoldsOnlyTheTasksOwnUnredeemedKey(t *testing.T) {
+	store := newStore(t)
+	ctx := context.Background()
+	k, other := newTask(t), newTask(t)
+	key := privateKey(t)
+	tok, err := store.Put(ctx, key, k.binding(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	replaced := *k.binding()
+	replaced.BuildUser += "-2"
+	for _, c := range []struct {
+		name  string
+		token string
+		bound keyserver.Binding
+		key   []byte
+		want  bool
+	}{
+		{"its own", tok.String(), *k.binding(), key, true},
+		{"another task's", tok.String(), *other.binding(), key, false},
+		{"another build user's", tok.String(), replaced, key, false},
+		{"another key", tok.String(), *k.binding(), privateKey(t), false},
+		{"never issued", otp.NewToken().String(), *k.binding(), key, false},
+		{"not a token", "x", *k.binding(), key, false},
+	} {
+		if got, err := store.Holds(ctx, c.token, c.bound, c.key); err != nil || got != c.want {
+			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	later := &keyserver.Store{Client: store.Client, Namespace: namespace, Now: func() time.Time { return time.Now().Add(time.Hour) }}
+	if held, err := later.Holds(ctx, tok.String(), *k.binding(), key); err != nil || held {
+		t.Errorf("past its TTL: %v, %v; want false", held, err)
+	}
+	if _, err := store.Redeem(ctx, tok.String()); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := store.Holds(ctx, tok.String(), *k.binding(), key); err != nil || held {
+		t.Errorf("once redeemed: %v, %v; want false", held, err)
+	}
+}

@@ -8,6 +8,7 @@
 package keyserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -131,6 +132,33 @@ func (s *Store) Put(ctx context.Context, key []byte, bound *Binding, storedBy st
 	}
 	stored.WithLabelValues(via).Inc()
 	return tok, nil
+}
+
+// Holds tells whether the token text still keeps key, unredeemed and unexpired, for the task
+// of bound: a pass that wrote a task's secret and failed after, run again, hands out the same
+// token instead of withdrawing one the task may already have read.
+func (s *Store) Holds(ctx context.Context, text string, bound Binding, key []byte) (bool, error) {
+	tok, err := otp.ParseToken(text)
+	if err != nil {
+		return false, nil
+	}
+	var secret corev1.Secret
+	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: tok.Name()}, &secret); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading the one-time key: %w", err)
+	}
+	if secret.Labels[KeyLabel] != "true" || secret.Labels[AllocationLabel] != bound.Allocation ||
+		secret.Annotations[allocationUIDAnnotation] != string(bound.AllocationUID) || secret.Annotations[buildUserAnnotation] != bound.BuildUser {
+		return false, nil
+	}
+	kept, err := tok.Open(secret.Data[sealedKey], sealContext(&secret))
+	if err != nil || !bytes.Equal(kept, key) {
+		return false, nil
+	}
+	expires, err := time.Parse(time.RFC3339, secret.Annotations[expiresAnnotation])
+	return err == nil && s.now().Before(expires), nil
 }
 
 // sealContext is what is sealed with the key besides it: where it is kept, the task it is
