@@ -134,3 +134,30 @@ func TestPositionsFollowTheTurns(t *testing.T) {
 		}
 	}
 }
+
+// A host that the config moves to another platform takes its tasks along: they count
+// against the cap of the platform they now run on, and no longer against the old one's.
+func TestAHostMovedToAnotherPlatformTakesItsTasksCapAlong(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 2}, {Name: "b", Platform: "linux/s390x", Capacity: 2}})
+	l.SetNamespaceCaps(map[string]int{"linux/s390x": 1, "linux/arm64": 1})
+	if g := l.Acquire(nsReq("x", 0)); g.Host != "a" {
+		t.Fatalf("x/t0000 got %+v, want a", g)
+	}
+	if g := l.Acquire(nsReq("x", 1)); g.Host != "" {
+		t.Fatalf("x/t0001 got %+v beyond the cap", g)
+	}
+	// a moves to arm64 with its task; on s390x x holds nothing now, so its waiter runs on b.
+	wake := l.SetHosts([]Host{{Name: "a", Platform: "linux/arm64", Capacity: 2}, {Name: "b", Platform: "linux/s390x", Capacity: 2}})
+	if len(wake) != 1 || wake[0] != (Task{"x", "t0001"}) {
+		t.Fatalf("moving a woke %v, want x/t0001", wake)
+	}
+	// On arm64, x holds a's task: at its cap there.
+	arm := Request{Task: Task{"x", "arm"}, Platform: "linux/arm64", Created: t0}
+	if g := l.Acquire(arm); g.Host != "" || g.Position != 1 {
+		t.Fatalf("x on arm64 got %+v, want to wait for its cap", g)
+	}
+	if wake := l.Release(Task{"x", "t0000"}); len(wake) != 1 || wake[0] != arm.Task {
+		t.Fatalf("releasing the moved task woke %v, want %v", wake, arm.Task)
+	}
+}

@@ -1,13 +1,9 @@
-// Package allocation is berth's ledger of host slots and of the tasks waiting for them. It is
-// plain Go: the controller tells it which hosts exist and what each task asks for, and it
-// answers which host a task gets, or its place in the queue. All decisions are taken under one
-// lock, so parallel reconciles can never put more tasks on a host than its concurrency.
 package allocation
 
 import (
+	"maps"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 )
@@ -69,6 +65,10 @@ type hostState struct {
 	holders     map[Task]struct{}
 	quarantined bool
 	retired     bool
+	// plat is the platform the host is indexed in, filed the free slots it is filed under
+	// there (0: not among the free hosts).
+	plat  *platform
+	filed int
 }
 
 func (h *hostState) free() int {
@@ -78,31 +78,31 @@ func (h *hostState) free() int {
 	return max(0, h.Capacity-len(h.holders))
 }
 
-type waiter struct {
-	task    Task
-	created time.Time
-	exclude []string
-}
-
 // Ledger holds slots and queues.
 type Ledger struct {
-	mu      sync.Mutex
-	hosts   map[string]*hostState
-	holders map[Task]string
-	// queues holds the waiters per platform and namespace, oldest first.
-	queues map[string]map[string][]*waiter
+	mu        sync.Mutex
+	hosts     map[string]*hostState
+	holders   map[Task]string
+	platforms map[string]*platform
 	// caps bounds the tasks one namespace may hold per platform (absent: no bound).
 	caps map[string]int
-	// served remembers, per platform and namespace, when the namespace last got a slot (a
-	// sequence number): the namespace served least recently goes first.
-	served map[string]map[string]uint64
-	seq    uint64
+	// seq numbers the slots handed out: a namespace's turn is when it was last served.
+	seq uint64
 }
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, queues: map[string]map[string][]*waiter{},
-		caps: map[string]int{}, served: map[string]map[string]uint64{}}
+	return &Ledger{hosts: map[string]*hostState{}, holders: map[Task]string{}, platforms: map[string]*platform{}, caps: map[string]int{}}
+}
+
+// platform returns the platform's state, made on first use.
+func (l *Ledger) platform(name string) *platform {
+	p := l.platforms[name]
+	if p == nil {
+		p = newPlatform(name, l.caps[name])
+		l.platforms[name] = p
+	}
+	return p
 }
 
 // SetNamespaceCaps sets, per platform, how many tasks one namespace may hold at once (0 or
@@ -116,14 +116,20 @@ func (l *Ledger) SetNamespaceCaps(caps map[string]int) []Task {
 			l.caps[p] = n
 		}
 	}
+	for _, p := range l.platforms {
+		p.limit = l.caps[p.name]
+		for ns := range p.queues {
+			p.touch(ns)
+		}
+	}
 	return l.runnableEverywhere()
 }
 
 // runnableEverywhere returns the waiters of every platform that free slots would serve now.
 func (l *Ledger) runnableEverywhere() []Task {
 	var wake []Task
-	for platform := range l.queues {
-		wake = append(wake, l.runnable(platform)...)
+	for _, name := range slices.Sorted(maps.Keys(l.platforms)) {
+		wake = append(wake, runnable(l.platforms[name])...)
 	}
 	return wake
 }
@@ -138,16 +144,16 @@ func (l *Ledger) SetHosts(hosts []Host) []Task {
 	for _, h := range hosts {
 		configured[h.Name] = true
 		if s, ok := l.hosts[h.Name]; ok {
-			s.Host, s.retired = h, false
+			l.rehost(s, func() { s.Host, s.retired = h, false })
 			continue
 		}
-		l.hosts[h.Name] = &hostState{Host: h, holders: map[Task]struct{}{}}
+		l.addHost(&hostState{Host: h, holders: map[Task]struct{}{}})
 	}
 	for name, s := range l.hosts {
 		if !configured[name] && !s.VM {
-			s.retired = true
+			l.retire(s)
 			if len(s.holders) == 0 {
-				delete(l.hosts, name)
+				l.dropHost(s)
 			}
 		}
 	}
@@ -163,12 +169,12 @@ func (l *Ledger) Restore(task Task, host, platform string) {
 	s, ok := l.hosts[host]
 	if !ok {
 		s = &hostState{Host: Host{Name: host, Platform: platform}, holders: map[Task]struct{}{}, retired: true}
-		l.hosts[host] = s
+		l.addHost(s)
 	}
-	s.holders[task] = struct{}{}
+	l.addHolder(s, task)
 	l.holders[task] = host
 	if s.SingleUse {
-		s.retired = true
+		l.retire(s)
 	}
 }
 
@@ -195,7 +201,7 @@ func (l *Ledger) Enqueue(req Request) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.holders[req.Task]; !ok {
-		l.enqueue(req)
+		l.platform(req.Platform).enqueue(req)
 	}
 }
 
@@ -208,10 +214,11 @@ func (l *Ledger) Quarantine(host string, on bool) []Task {
 		return nil
 	}
 	s.quarantined = on
+	s.plat.refresh(s)
 	if on {
 		return nil
 	}
-	return l.runnable(s.Platform)
+	return runnable(s.plat)
 }
 
 // Acquire reserves a slot for the task, or queues it. Waiters are served in turns of
@@ -223,14 +230,15 @@ func (l *Ledger) Acquire(req Request) Grant {
 	if host, ok := l.holders[req.Task]; ok {
 		return Grant{Host: host, Held: true}
 	}
-	l.enqueue(req)
-	if l.excludedEverywhere(req.Platform, req.Exclude) {
-		l.remove(req.Platform, req.Task)
+	p := l.platform(req.Platform)
+	p.enqueue(req)
+	if l.excludedEverywhere(p, req.Exclude) {
+		p.remove(req.Task)
 		return Grant{Blocked: true}
 	}
 	var wake []Task
 	host := ""
-	for _, g := range l.plan(req.Platform) {
+	for _, g := range p.plan() {
 		if g.task == req.Task {
 			host = g.host
 		} else {
@@ -238,10 +246,10 @@ func (l *Ledger) Acquire(req Request) Grant {
 		}
 	}
 	if host == "" {
-		return Grant{Position: l.position(req.Platform, req.Task), Wake: wake}
+		return Grant{Position: p.position(req.Task), Wake: wake}
 	}
 	l.reserve(req.Task, host)
-	l.remove(req.Platform, req.Task)
+	p.remove(req.Task)
 	return Grant{Host: host, Wake: wake}
 }
 
@@ -252,20 +260,21 @@ func (l *Ledger) Release(task Task) []Task {
 	defer l.mu.Unlock()
 	host, ok := l.holders[task]
 	if !ok {
-		for platform := range l.queues {
-			if l.remove(platform, task) {
-				return l.runnable(platform)
+		for _, p := range l.platforms {
+			if p.remove(task) {
+				return runnable(p)
 			}
 		}
 		return nil
 	}
 	delete(l.holders, task)
 	s := l.hosts[host]
-	delete(s.holders, task)
+	l.dropHolder(s, task)
+	p := s.plat
 	if s.retired && len(s.holders) == 0 && !s.VM {
-		delete(l.hosts, host) // a VM stays known, closed, until its termination removes it
+		l.dropHost(s) // a VM stays known, closed, until its termination removes it
 	}
-	return l.runnable(s.Platform)
+	return runnable(p)
 }
 
 // Holder returns the host the task holds.
@@ -281,9 +290,9 @@ func (l *Ledger) Waiting() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[string]int{}
-	for p, byNS := range l.queues {
-		for _, q := range byNS {
-			out[p] += len(q)
+	for name, p := range l.platforms {
+		if len(p.waiters) > 0 {
+			out[name] = len(p.waiters)
 		}
 	}
 	return out
@@ -304,215 +313,103 @@ func (l *Ledger) Usage() []Usage {
 
 func (l *Ledger) reserve(task Task, host string) {
 	s := l.hosts[host]
-	s.holders[task] = struct{}{}
+	l.addHolder(s, task)
 	l.holders[task] = host
 	if s.SingleUse {
-		s.retired = true // its one task is this one
+		l.retire(s) // its one task is this one
 	}
 	l.seq++
-	if l.served[s.Platform] == nil {
-		l.served[s.Platform] = map[string]uint64{}
-	}
-	l.served[s.Platform][task.Namespace] = l.seq
+	s.plat.served[task.Namespace] = l.seq
+	s.plat.touch(task.Namespace)
 }
 
-func (l *Ledger) enqueue(req Request) {
-	byNS := l.queues[req.Platform]
-	if byNS == nil {
-		byNS = map[string][]*waiter{}
-		l.queues[req.Platform] = byNS
-	}
-	q := byNS[req.Task.Namespace]
-	for _, w := range q {
-		if w.task == req.Task {
-			w.exclude = slices.Clone(req.Exclude)
-			return
-		}
-	}
-	w := &waiter{task: req.Task, created: req.Created, exclude: slices.Clone(req.Exclude)}
-	i := sort.Search(len(q), func(i int) bool { return older(w, q[i]) })
-	byNS[req.Task.Namespace] = slices.Insert(q, i, w)
+// A host's place in the indexes follows its state: addHost and dropHost file it in and out
+// of its platform, rehost around a change of its configuration (which may move it to another
+// platform), addHolder, dropHolder and retire as its tasks and state change.
+
+func (l *Ledger) addHost(s *hostState) {
+	l.hosts[s.Name] = s
+	l.index(s)
 }
 
-// older orders waiters by creation, then by name, so ties are broken the same way every time.
-func older(a, b *waiter) bool {
-	if !a.created.Equal(b.created) {
-		return a.created.Before(b.created)
-	}
-	return strings.Compare(a.task.String(), b.task.String()) < 0
+func (l *Ledger) dropHost(s *hostState) {
+	l.unindex(s)
+	delete(l.hosts, s.Name)
 }
 
-func (l *Ledger) remove(platform string, task Task) bool {
-	byNS := l.queues[platform]
-	q := byNS[task.Namespace]
-	i := slices.IndexFunc(q, func(w *waiter) bool { return w.task == task })
-	if i < 0 {
-		return false
+func (l *Ledger) rehost(s *hostState, change func()) {
+	l.unindex(s)
+	change()
+	l.index(s)
+}
+
+func (l *Ledger) index(s *hostState) {
+	p := l.platform(s.Platform)
+	s.plat = p
+	if !s.retired {
+		p.configured++
 	}
-	q = slices.Delete(q, i, i+1)
-	if len(q) > 0 {
-		byNS[task.Namespace] = q
-		return true
+	for t := range s.holders {
+		p.hold(t.Namespace, 1)
 	}
-	delete(byNS, task.Namespace)
-	if len(byNS) == 0 {
-		delete(l.queues, platform)
+	p.refresh(s)
+}
+
+func (l *Ledger) unindex(s *hostState) {
+	p := s.plat
+	p.file(s, 0)
+	if !s.retired {
+		p.configured--
 	}
-	return true
+	for t := range s.holders {
+		p.hold(t.Namespace, -1)
+	}
+	s.plat = nil
+}
+
+func (l *Ledger) addHolder(s *hostState, task Task) {
+	if _, ok := s.holders[task]; ok {
+		return
+	}
+	s.holders[task] = struct{}{}
+	s.plat.hold(task.Namespace, 1)
+	s.plat.refresh(s)
+}
+
+func (l *Ledger) dropHolder(s *hostState, task Task) {
+	if _, ok := s.holders[task]; !ok {
+		return
+	}
+	delete(s.holders, task)
+	s.plat.hold(task.Namespace, -1)
+	s.plat.refresh(s)
+}
+
+func (l *Ledger) retire(s *hostState) {
+	if s.retired {
+		return
+	}
+	s.retired = true
+	s.plat.configured--
+	s.plat.refresh(s)
 }
 
 // runnable returns the waiters of a platform that free slots would serve now, in turn.
-func (l *Ledger) runnable(platform string) []Task {
+func runnable(p *platform) []Task {
 	var out []Task
-	for _, g := range l.plan(platform) {
+	for _, g := range p.plan() {
 		out = append(out, g.task)
 	}
 	return out
 }
 
-type promise struct {
-	task Task
-	host string
-}
-
-// plan decides, without changing anything, which waiters of a platform the free slots serve
-// now and on which hosts, in serving order. Namespaces take turns (see turnOrder), one waiter
-// each per round, first created first within a namespace: one namespace that queues a
-// thousand tasks delays another's next task by one turn, not by a thousand. A namespace at
-// its cap is passed over until one of its tasks ends. Only the waiters up to the last free
-// slot are looked at.
-func (l *Ledger) plan(platform string) []promise {
-	free, total := l.freeSlots(platform)
-	if total == 0 || len(l.queues[platform]) == 0 {
-		return nil
-	}
-	limit := l.caps[platform]
-	var held map[string]int
-	if limit > 0 {
-		held = map[string]int{}
-		for _, s := range l.hosts {
-			if s.Platform == platform {
-				for t := range s.holders {
-					held[t.Namespace]++
-				}
-			}
-		}
-	}
-	byNS := l.queues[platform]
-	namespaces := l.turnOrder(platform)
-	var out []promise
-	for round := 0; total > 0; round++ {
-		seen := false
-		for _, ns := range namespaces {
-			ws := byNS[ns]
-			if round >= len(ws) {
-				continue
-			}
-			seen = true
-			if total == 0 || limit > 0 && held[ns] >= limit {
-				continue
-			}
-			w := ws[round]
-			if host := pick(free, w.exclude); host != "" {
-				free[host]-- // promised to this waiter
-				total--
-				out = append(out, promise{w.task, host})
-				if held != nil {
-					held[ns]++
-				}
-			}
-		}
-		if !seen {
-			break
-		}
-	}
-	return out
-}
-
-// turnOrder lists the namespaces waiting on a platform in the order their turns come: the one
-// served least recently first (never served before all others), ties by the oldest waiter.
-func (l *Ledger) turnOrder(platform string) []string {
-	byNS := l.queues[platform]
-	namespaces := make([]string, 0, len(byNS))
-	for ns := range byNS {
-		namespaces = append(namespaces, ns)
-	}
-	served := l.served[platform]
-	sort.Slice(namespaces, func(i, j int) bool {
-		a, b := namespaces[i], namespaces[j]
-		if served[a] != served[b] {
-			return served[a] < served[b]
-		}
-		return older(byNS[a][0], byNS[b][0])
-	})
-	return namespaces
-}
-
-// position is the task's place in the serving order of its platform's waiters (1 = next).
-func (l *Ledger) position(platform string, task Task) int {
-	byNS := l.queues[platform]
-	mine := byNS[task.Namespace]
-	depth := slices.IndexFunc(mine, func(w *waiter) bool { return w.task == task })
-	if depth < 0 {
-		return 0
-	}
-	pos := 1
-	before := true // namespaces ahead of the task's own in each round
-	for _, ns := range l.turnOrder(platform) {
-		if ns == task.Namespace {
-			before = false
-			pos += depth
-			continue
-		}
-		n := len(byNS[ns])
-		if before {
-			pos += min(n, depth+1)
-		} else {
-			pos += min(n, depth)
-		}
-	}
-	return pos
-}
-
-// freeSlots returns the free slots per host of the platform, and their sum.
-func (l *Ledger) freeSlots(platform string) (map[string]int, int) {
-	free := map[string]int{}
-	total := 0
-	for name, s := range l.hosts {
-		if s.Platform == platform {
-			free[name] = s.free()
-			total += free[name]
-		}
-	}
-	return free, total
-}
-
 // excludedEverywhere tells whether every configured host of the platform is excluded.
-func (l *Ledger) excludedEverywhere(platform string, exclude []string) bool {
-	configured := false
-	for name, s := range l.hosts {
-		if s.Platform != platform || s.retired {
-			continue
-		}
-		configured = true
-		if !slices.Contains(exclude, name) {
-			return false
+func (l *Ledger) excludedEverywhere(p *platform, exclude []string) bool {
+	excluded := 0
+	for i, name := range exclude {
+		if s, ok := l.hosts[name]; ok && s.plat == p && !s.retired && !slices.Contains(exclude[:i], name) {
+			excluded++
 		}
 	}
-	return configured
-}
-
-// pick chooses the host with the most free slots, the first by name among equals, skipping
-// excluded hosts; "" if none has a free slot.
-func pick(free map[string]int, exclude []string) string {
-	best, bestFree := "", 0
-	for name, n := range free {
-		if n <= 0 || slices.Contains(exclude, name) {
-			continue
-		}
-		if n > bestFree || (n == bestFree && name < best) {
-			best, bestFree = name, n
-		}
-	}
-	return best
+	return p.configured > 0 && excluded == p.configured
 }

@@ -2,14 +2,18 @@ package allocation
 
 // A waiting task's place in line is read by more than Acquire: the controller shows it on the
 // TaskRun, and `berth status` shows every queue. Both go through the ledger's own ordering
-// (turnOrder, position), so what people are shown is what the ledger will do.
+// (the turns plan follows), so what people are shown is what the ledger will do.
 
 // Position is the task's place in its platform's queue (1 = next), 0 when it does not wait
 // there.
 func (l *Ledger) Position(platform string, task Task) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.position(platform, task)
+	p := l.platforms[platform]
+	if p == nil {
+		return 0
+	}
+	return p.position(task)
 }
 
 // Queue lists the tasks waiting on a platform in serving order: the one at index i has
@@ -18,18 +22,24 @@ func (l *Ledger) Position(platform string, task Task) int {
 func (l *Ledger) Queue(platform string) []Task {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	byNS := l.queues[platform]
-	order := l.turnOrder(platform)
-	var out []Task
+	p := l.platforms[platform]
+	if p == nil || len(p.waiters) == 0 {
+		return nil
+	}
+	order := p.order()
+	queues := make([][]*waiter, len(order))
+	for i, q := range order {
+		q.waiters.each(func(w *waiter) { queues[i] = append(queues[i], w) })
+	}
+	out := make([]Task, 0, len(p.waiters))
 	for round := 0; ; round++ {
-		seen := false
-		for _, ns := range order {
-			if ws := byNS[ns]; round < len(ws) {
+		n := len(out)
+		for _, ws := range queues {
+			if round < len(ws) {
 				out = append(out, ws[round].task)
-				seen = true
 			}
 		}
-		if !seen {
+		if len(out) == n {
 			return out
 		}
 	}
@@ -42,8 +52,7 @@ func (l *Ledger) RestoreTurn(platform, namespace string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.seq++
-	if l.served[platform] == nil {
-		l.served[platform] = map[string]uint64{}
-	}
-	l.served[platform][namespace] = l.seq
+	p := l.platform(platform)
+	p.served[namespace] = l.seq
+	p.touch(namespace)
 }

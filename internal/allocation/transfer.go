@@ -12,8 +12,8 @@ func (l *Ledger) Transfer(from, to Task) bool {
 	}
 	s := l.hosts[host]
 	delete(l.holders, from)
-	delete(s.holders, from)
-	s.holders[to] = struct{}{}
+	l.dropHolder(s, from)
+	l.addHolder(s, to)
 	l.holders[to] = host
 	return true
 }

@@ -11,13 +11,12 @@ func (l *Ledger) PutHost(h Host) []Task {
 	h.VM = true
 	s, ok := l.hosts[h.Name]
 	if !ok {
-		l.hosts[h.Name] = &hostState{Host: h, holders: map[Task]struct{}{}}
-		return l.runnable(h.Platform)
+		l.addHost(&hostState{Host: h, holders: map[Task]struct{}{}})
+		return runnable(l.platforms[h.Platform])
 	}
 	spent := s.SingleUse && s.retired && s.Host.VM
-	s.Host = h
-	s.retired = spent || (h.SingleUse && len(s.holders) > 0)
-	return l.runnable(h.Platform)
+	l.rehost(s, func() { s.Host, s.retired = h, spent || (h.SingleUse && len(s.holders) > 0) })
+	return runnable(l.platforms[h.Platform])
 }
 
 // PutRetiredHost adds a VM host that takes no new task, or closes a known one, and keeps it
@@ -28,12 +27,11 @@ func (l *Ledger) PutRetiredHost(h Host) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h.VM = true
-	s, ok := l.hosts[h.Name]
-	if !ok {
-		s = &hostState{holders: map[Task]struct{}{}}
-		l.hosts[h.Name] = s
+	if s, ok := l.hosts[h.Name]; ok {
+		l.rehost(s, func() { s.Host, s.retired = h, true })
+		return
 	}
-	s.Host, s.retired = h, true
+	l.addHost(&hostState{Host: h, holders: map[Task]struct{}{}, retired: true})
 }
 
 // RetireHost stops a VM taking new tasks; its tasks stay until they release it.
@@ -41,7 +39,7 @@ func (l *Ledger) RetireHost(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if s, ok := l.hosts[name]; ok {
-		s.retired = true
+		l.retire(s)
 	}
 }
 
@@ -53,7 +51,7 @@ func (l *Ledger) RemoveHost(name string) {
 		for t := range s.holders {
 			delete(l.holders, t)
 		}
-		delete(l.hosts, name)
+		l.dropHost(s)
 	}
 }
 
@@ -79,8 +77,10 @@ func (l *Ledger) HostOccupancy(name string) Occupancy {
 func (l *Ledger) FreeSlots(platform string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, total := l.freeSlots(platform)
-	return total
+	if p := l.platforms[platform]; p != nil {
+		return p.slots
+	}
+	return 0
 }
 
 // Waiters lists the tasks waiting on a platform.
@@ -88,9 +88,9 @@ func (l *Ledger) Waiters(platform string) []Task {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []Task
-	for _, q := range l.queues[platform] {
-		for _, w := range q {
-			out = append(out, w.task)
+	if p := l.platforms[platform]; p != nil {
+		for task := range p.waiters {
+			out = append(out, task)
 		}
 	}
 	return out
