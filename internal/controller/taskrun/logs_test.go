@@ -1,7 +1,11 @@
 package taskrun_test
 
 import (
+	"context"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/testground/stacktest"
 	"github.com/berth-ci/berth/internal/warning"
@@ -13,8 +17,9 @@ func loggedStep(t *testing.T, taskRun, reason string) []map[string]any {
 	return stacktest.LogLines(t, func(l map[string]any) bool { return l["taskRun"] == taskRun && l["reason"] == reason })
 }
 
-// An operator reads the story of a task in the controller's log, not only in Events: where it
-// went, that its user was made, that its host was released; and a refusal is a warning line
+// An operator reads the story of a task in the controller's log: where it went, that its user
+// was made, that its host was released. These routine steps are log lines only: no Event, so a
+// task that goes well costs no Event writes. A refusal is an Event and a warning line
 // (severity=warning, see package warning), not an error: berth did nothing wrong.
 func TestEachStepOfATaskIsLogged(t *testing.T) {
 	applyConfig(t, 2, nil)
@@ -36,6 +41,15 @@ func TestEachStepOfATaskIsLogged(t *testing.T) {
 	}
 	if host == "" {
 		t.Fatal("the task got no host")
+	}
+	var events corev1.EventList
+	if err := c().List(context.Background(), &events, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if e.InvolvedObject.Name == tr.Name {
+			t.Errorf("a task that went well got Event %s %s: %s", e.Type, e.Reason, e.Message)
+		}
 	}
 
 	odd := create(t, userTaskRun(ns, "odd", "linux/z80", ""))

@@ -221,6 +221,13 @@ func (r *Reconciler) event(ctx context.Context, tr *pipelinev1.TaskRun, host, ev
 	logStep(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), host, eventType, reason, fmt.Sprintf(format, args...))
 }
 
+// step is a routine step that went as it should (a host assigned, a user made, a host
+// released): a log line, and no Event. Events are for what a person must learn (a refusal, a
+// failure, a wait), so a task that goes well costs the apiserver no Event writes at all.
+func (r *Reconciler) step(ctx context.Context, taskRun, platform, host, reason, format string, args ...any) {
+	logStep(ctx, taskRun, platform, host, corev1.EventTypeNormal, reason, fmt.Sprintf(format, args...))
+}
+
 // recordEvent is event for a step taken for a record (its TaskRun may be gone): the Event goes
 // on the record, in berth's namespace.
 func (r *Reconciler) recordEvent(ctx context.Context, rec *berthv1.Allocation, host, eventType, reason, format string, args ...any) {

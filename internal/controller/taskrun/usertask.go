@@ -115,7 +115,7 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 	}
 	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: contract.Platform(tr)})
 	if err == nil {
-		r.event(ctx, tr, contract.Localhost, corev1.EventTypeNormal, "Local", "platform %s is local: the task builds on this cluster", contract.Platform(tr))
+		r.step(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", contract.Platform(tr))
 	}
 	return err
 }
@@ -162,7 +162,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	}
 	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
 	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
-	r.event(ctx, tr, login.Host, corev1.EventTypeNormal, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
+	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, login.Host, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
 	results.add(r.mirror(ctx, tr, next))
 	results.add(r.provision(ctx, tr, next))
@@ -260,7 +260,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	r.keys.Delete(keyID(rec))
 	r.Provisioner.Forget(j.ID)
 	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())
-	r.event(ctx, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
+	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, rec.Status.Login.Host, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
 	return reconcile.Result{}, nil
 }
 
@@ -461,7 +461,7 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 	if held {
 		r.keys.Delete(keyID(rec))
 		r.Ledger.Transfer(task, debtTask(next, rec.Status.BuildUser))
-		r.recordEvent(ctx, rec, rec.Status.Login.Host, corev1.EventTypeNormal, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
+		r.step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
 	r.wake(r.Ledger.Release(task))
