@@ -68,6 +68,13 @@ if [ "$host" = localhost ]; then
   exit "$status"
 fi
 
+case $host in
+  -* | *[[:space:]]* | '')
+    echo "berth: the secret's host \"$host\" is not user@address; was the secret edited?" >&2
+    exit 1
+    ;;
+esac
+
 # The build user's key: from berth's key server, which hands it out once for the secret's
 # one-time token, or from the secret itself.
 key=$work/id
