@@ -15,14 +15,14 @@ import (
 type stepPlan struct {
 	task, step string
 	script     string // the step's own script, with the #! line Tekton would give it
+	hostImage  string
+	user       string // podman's --user, "" for the image's own
+	workingDir string // "" for the image's own
+	env        []string
+	syncs      []sync
+	scratch    []string // paths the host gives the step empty
 	// Options.HostEpilogue and PodEpilogue as scripts, "" for none.
 	hostEpilogue, podEpilogue string
-	hostImage                 string
-	user                      string // podman's --user, "" for the image's own
-	workingDir                string // "" for the image's own
-	env                       []string
-	syncs                     []sync
-	scratch                   []string // paths the host gives the step empty
 }
 
 // sync is a path the step sees in the pod (path, a bash word), copied to there, a path below
