@@ -6,8 +6,8 @@
 // /var/log, /var/mail, /var/lib and /run are private directories (so useradd on a host never
 // touches this machine's accounts), and a PID namespace (so pkill on a host never reaches another
 // host's processes or this machine's). root logs in with the fleet's admin key. Every host can
-// take a remote build as the buildah-remote Tasks send it: rsync, and a podman stand-in that
-// builds a real image (see PodmanPath).
+// take a remote build as the buildah-remote Tasks (and the Tasks `berth taskgen` makes) send
+// it: rsync, and a podman stand-in that builds a real image or runs a step (see PodmanPath).
 //
 // It needs root, /usr/sbin/sshd (Debian's openssh-server, which `make test` installs),
 // iproute2 and util-linux; see Prerequisites. A remote build also needs rsync and buildah;

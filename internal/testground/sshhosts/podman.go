@@ -13,19 +13,25 @@ import (
 
 // Every test host can take a remote build as the buildah-remote Tasks send it: the task
 // rsyncs its sources to the host, runs `podman run <builder image> /scripts/script-build.sh`
-// there as its build user, and rsyncs the results back.
+// there as its build user, and rsyncs the results back. The Tasks `berth taskgen` makes do
+// the same with `podman run <step image> /tekton/scripts/<step>.sh`.
 //
 //   - rsync is this machine's (hosts share /usr): `make prereqs` installs it.
 //   - podman is a stand-in, PodmanPath, because the builder image is digest-pinned in a
-//     registry this machine cannot reach. It checks that it was called as the task calls it
-//     (as a build user, not root; --user=0; the task's mounts from the synced build
-//     directory; the env script-build.sh reads; no other entrypoint; /scripts/script-build.sh
-//     present) and fails with exit status 125 and a message saying what was wrong. Otherwise
-//     it does what the task reads back: a real image, built rootless by the build user with
-//     Debian's buildah (FROM scratch, the synced build context copied to /src, labels naming
-//     the user), an OCI layout of it in the shared volume with its path in container_path,
-//     and the IMAGE_URL, IMAGE_DIGEST and IMAGE_REF results. The build user needs a range in
-//     /etc/subuid, as rootless podman does on a real host; useradd assigns one.
+//     registry this machine cannot reach. For buildah-remote's /scripts/script-build.sh it
+//     checks that it was called as the task calls it (as a build user, not root; --user=0;
+//     the task's mounts from the synced build directory; the env script-build.sh reads; no
+//     other entrypoint; /scripts/script-build.sh present) and fails with exit status 125 and
+//     a message saying what was wrong. Otherwise it does what the task reads back: a real
+//     image, built rootless by the build user with Debian's buildah (FROM scratch, the synced
+//     build context copied to /src, labels naming the user), an OCI layout of it in the
+//     shared volume with its path in container_path, and the IMAGE_URL, IMAGE_DIGEST and
+//     IMAGE_REF results. Any other command (the steps `berth taskgen` moves to a host) runs
+//     in a rootless container whose files are the host's own (/usr read-only, a copy of
+//     /etc): the build user as root, its subordinate range as the other ids, its own
+//     hostname, only the given mounts and environment; options it cannot honour fail with
+//     125. The build user needs a range in /etc/subuid, as rootless podman does on a real
+//     host; useradd assigns one.
 //
 // The stand-in exists only inside each host's mount namespace: its /usr/local/bin is a
 // private directory holding this machine's entries (bind-mounted one by one) plus podman, so

@@ -5,10 +5,13 @@ package sshhosts
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berth-ci/berth/internal/remote"
@@ -214,9 +217,9 @@ func TestPodmanStandInRefusesWrongInvocations(t *testing.T) {
 	}{
 		{"as root", podmanRun(dir, nil), true, "called as root"},
 		{"not run", "podman build .", false, "'podman build' is not supported"},
+		{"no command", "podman run --rm quay.test/app:v1", false, "cannot know an image's own command"},
 		{"no --user=0", podmanRun(dir, without("--user=0")), false, "--user=<none>"},
 		{"an entrypoint", podmanRun(dir, replacing("--entrypoint=", "--entrypoint=/bin/sh")), false, "--entrypoint=/bin/sh"},
-		{"another command", podmanRun(dir, replacing("/scripts/script-build.sh", "/bin/true")), false, "command /bin/true"},
 		{"no results mount", podmanRun(dir, without("-v", dir+"/results/:/tekton/results:Z")), false, "no -v ...:/tekton/results mount"},
 		{"no workspace mount", podmanRun(dir, without("-v", dir+"/workspaces/source:/workspace/source:Z")), false, "workspaces/source:<workspace path>"},
 		{"no image store", podmanRun(dir, without("-v", "/var/lib/containers")), false, "/var/lib/containers"},
@@ -248,5 +251,106 @@ func TestPodmanStandInRefusesWrongInvocations(t *testing.T) {
 	}
 	if _, err := h.RunAs(ctx, "standin2", f.AdminSigner, podmanRun(dir, nil)); err == nil || !strings.Contains(err.Error(), "script-build.sh is missing") {
 		t.Fatalf("without script-build.sh: %v", err)
+	}
+}
+
+// Any command but buildah-remote's script-build.sh runs in a container, as rootless podman
+// runs it: the build user is root there and its subordinate range the other ids, the
+// container has its own hostname, sees only what podman gives it, and its exit status is
+// podman's.
+func TestPodmanStandInRunsContainers(t *testing.T) {
+	if err := BuildPrerequisites(); err != nil {
+		skipOrFail(t, err)
+	}
+	f := sharedFleet(t)
+	h := f.Hosts[0]
+	ctx := testContext(t)
+	dir := standInUser(t, f, h, "standin3")
+	local := filepath.Join(h.HomeDir, strings.TrimPrefix(dir, "/home/"))
+	uid, err := h.Run(ctx, "id -u standin3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid = strings.TrimSpace(uid)
+
+	value := "it's \"quoted\" $HOME\nand a second line"
+	inside := `set -e
+id -u
+tr -s ' ' < /proc/self/uid_map | sed 's/^ //' | paste -sd, -
+uname -n
+pwd
+printf '%s|' "$(printf %s "$A" | base64 -w0)" "$HOME" "$container" "$1" "$2"; echo
+if touch /shared/x 2>/dev/null; then echo shared writable; else echo shared read-only; fi
+touch /var/lib/containers/x /run/secrets/x /tekton/results/out
+grep -c . /etc/passwd >/dev/null
+ls /home
+exit 7`
+	line, err := remote.Command("podman", "run", "--rm", "--tmpfs", "/run/secrets", "-e", "A="+value,
+		"-v", dir+"/workspaces/source:/workspace/source:Z",
+		"-v", dir+"/volumes/shared:/shared:ro,Z",
+		"-v", dir+"/results:/tekton/results:Z",
+		"-v", "/var/lib/containers",
+		"--workdir", "/workspace/source/new dir",
+		"quay.test/app@sha256:"+strings.Repeat("cd", 32), "/bin/sh", "-c", inside, "sh", "one arg", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.RunAs(ctx, "standin3", f.AdminSigner, line)
+	var exit *ssh.ExitError
+	if !errors.As(err, &exit) || exit.ExitStatus() != 7 {
+		t.Fatalf("%v; want the container's exit status 7\n%s", err, out)
+	}
+	lines := strings.Split(out, "\n")
+	if len(lines) < 6 {
+		t.Fatalf("output %q", out)
+	}
+	if lines[0] != "0" {
+		t.Errorf("id -u in the container: %s, want 0", lines[0])
+	}
+	if !strings.HasPrefix(lines[1], "0 "+uid+" 1,1 ") {
+		t.Errorf("uid map %q: want root as %s (standin3) and its subordinate range after", lines[1], uid)
+	}
+	if lines[2] == h.Name || len(lines[2]) != 12 {
+		t.Errorf("hostname %q: want a container id of its own", lines[2])
+	}
+	if lines[3] != "/workspace/source/new dir" {
+		t.Errorf("working directory %q", lines[3])
+	}
+	if want := base64.StdEncoding.EncodeToString([]byte(value)) + "|/root|podman|one arg||"; lines[4] != want {
+		t.Errorf("env and args %q, want %q", lines[4], want)
+	}
+	if lines[5] != "shared read-only" {
+		t.Errorf("the :ro mount: %s", lines[5])
+	}
+	if got := lines[6]; got != "" {
+		t.Errorf("/home of the container holds %q; want it empty", got)
+	}
+	info, err := os.Stat(filepath.Join(local, "results", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner := fmt.Sprint(info.Sys().(*syscall.Stat_t).Uid); owner != uid {
+		t.Errorf("a file the container's root wrote belongs to uid %s, want %s (standin3)", owner, uid)
+	}
+	log, err := os.ReadFile(filepath.Join(h.HomeDir, "standin3", "podman-standin.log"))
+	if err != nil || !strings.Contains(string(log), "ran quay.test/app@sha256:"+strings.Repeat("cd", 32)+" /bin/sh -c") || !strings.Contains(string(log), "as standin3 (uid "+uid+")") {
+		t.Errorf("the stand-in's log: %q, %v", log, err)
+	}
+
+	for _, tc := range []struct{ name, option, wants string }{
+		{"privileged", "--privileged", "--privileged: not supported"},
+		{"a user name", "--user=builder", "numeric uid"},
+		{"a volume option", "--volume=" + dir + "/results:/r:U", "option U is not supported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.RunAs(ctx, "standin3", f.AdminSigner, "podman run "+tc.option+" quay.test/app:v1 /bin/true")
+			if !errors.As(err, &exit) || exit.ExitStatus() != 125 || !strings.Contains(err.Error(), tc.wants) {
+				t.Fatalf("%v; want exit status 125 and a message saying %q", err, tc.wants)
+			}
+		})
+	}
+	// A container may run as another id of the mapping.
+	if out, err := h.RunAs(ctx, "standin3", f.AdminSigner, "podman run --user 1000:1000 quay.test/app:v1 id -u"); err != nil || out != "1000\n" {
+		t.Errorf("--user 1000:1000: %q, %v", out, err)
 	}
 }
