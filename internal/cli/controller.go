@@ -29,7 +29,7 @@ func newControllerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctrl.Log.WithName("berth").Info("starting", "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection)
+			ctrl.Log.WithName("berth").Info("starting", "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection, "webhookPort", o.WebhookPort)
 			return mgr.Start(ctrl.SetupSignalHandler())
 		},
 	}
@@ -54,5 +54,8 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.TaskServiceAccount, "task-service-account", o.TaskServiceAccount, "the ServiceAccount internal TaskRuns run as")
 	f.StringVar(&o.Provisioner, "provisioner", o.Provisioner, "how hosts are worked on: ssh (by the controller itself; admin keys never leave it) or taskrun (internal TaskRuns, where only pods may reach hosts)")
 	f.IntVar(&o.SSHWorkers, "ssh-workers", o.SSHWorkers, "host jobs (provision, clean) the ssh provisioner runs at once")
+	f.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "port of the admission webhook (HTTPS) that pins local-platform TaskRuns to nodes of their architecture; 0 serves none (a local-platform task created while no replica serves it gets an error secret)")
+	f.StringVar(&o.WebhookHost, "webhook-host", o.WebhookHost, "address the webhook binds (default: all)")
+	f.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "directory of the webhook's serving certificate, tls.crt and tls.key (a mounted kubernetes.io/tls Secret; reloaded when it changes)")
 	return cmd
 }

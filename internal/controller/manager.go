@@ -5,6 +5,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +17,8 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
@@ -28,6 +32,7 @@ import (
 	"github.com/berth-ci/berth/internal/kubescheme"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/remote"
+	"github.com/berth-ci/berth/internal/webhook"
 )
 
 // Options configure the controller; the defaults are those of `berth controller`.
@@ -66,6 +71,13 @@ type Options struct {
 	QueuePositionInterval time.Duration
 	// Clock, if set, is the VM fleet's clock (max-age, allocation timeouts): tests move it.
 	Clock func() time.Time
+	// WebhookPort is where the admission webhook that pins local-platform TaskRuns to nodes of
+	// their architecture is served over TLS (package webhook); 0 serves none. WebhookHost is
+	// the address it binds ("": all), WebhookCertDir holds its tls.crt and tls.key (reloaded
+	// when they change, as a mounted Secret is).
+	WebhookPort    int
+	WebhookHost    string
+	WebhookCertDir string
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
@@ -96,12 +108,14 @@ func DefaultOptions() Options {
 		MinFreeBytes:         10 << 30,
 		SweepInterval:        time.Minute,
 		LeakGrace:            10 * time.Minute,
+		WebhookPort:          9443,
+		WebhookCertDir:       filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"),
 	}
 }
 
 // New builds the manager; Start it to run the controller.
 func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	opts := ctrl.Options{
 		Scheme:                  kubescheme.New(),
 		Cache:                   taskrun.CacheOptions(o.Namespace),
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
@@ -113,7 +127,11 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		// lets it take over without waiting for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.Restartable},
-	})
+	}
+	if o.WebhookPort != 0 {
+		opts.WebhookServer = crwebhook.NewServer(crwebhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
+	}
+	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
@@ -173,6 +191,15 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	}
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return nil, err
+	}
+	if o.WebhookPort != 0 {
+		server := mgr.GetWebhookServer()
+		server.Register(webhook.AffinityPath, &admission.Webhook{Handler: &webhook.Affinity{Config: webhook.InForce(store, mgr.GetAPIReader(), o.Namespace)}})
+		// Ready only once the webhook answers: the Service sends the apiserver's calls to
+		// ready pods alone.
+		if err := mgr.AddReadyzCheck("webhook", server.StartedChecker()); err != nil {
+			return nil, err
+		}
 	}
 	return mgr, nil
 }
