@@ -116,10 +116,13 @@ func knownPlatforms(cfg *config.Config) string {
 func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	platform := contract.Platform(tr)
 	if node, ok := localaffinity.NodeOf(platform); ok && !localaffinity.Enforced(localaffinity.Of(tr), node) {
-		localAffinityMissing.WithLabelValues(platform).Inc()
-		return r.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
+		err := r.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
 			"platform %s is local, so this task builds in its own pod, which must run on a %s/%s node; but the TaskRun's spec.podTemplate does not require %s=%s and %s=%s in every required node selector term, so the pod could run on a node of another architecture and build for it. berth's admission webhook adds that requirement when a TaskRun is created: it was not running when this one was, or the requirement was changed. Re-run the task; if this happens again, ask the platform team to check that berth's webhook is running (MutatingWebhookConfiguration %s).",
 			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, webhook.ConfigurationName))
+		if err == nil {
+			localAffinityMissing.WithLabelValues(platform).Inc()
+		}
+		return err
 	}
 	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
