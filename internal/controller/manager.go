@@ -4,6 +4,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -129,7 +130,11 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.Restartable},
 	}
 	if o.WebhookPort != 0 {
-		opts.WebhookServer = crwebhook.NewServer(crwebhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
+		opts.WebhookServer = crwebhook.NewServer(crwebhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir,
+			// HTTP/1.1 only: anything in the cluster can reach the port, and HTTP/2's stream
+			// handling has been a denial-of-service target (CVE-2023-44487); the apiserver
+			// calls webhooks over HTTP/1.1 just as well.
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}})
 	}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
