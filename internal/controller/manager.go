@@ -130,6 +130,9 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.Restartable},
 	}
 	if o.WebhookPort != 0 {
+		if err := servingCertificateIn(o.WebhookCertDir); err != nil {
+			return nil, err
+		}
 		opts.WebhookServer = crwebhook.NewServer(crwebhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir,
 			// HTTP/1.1 only: anything in the cluster can reach the port, and HTTP/2's stream
 			// handling has been a denial-of-service target (CVE-2023-44487); the apiserver
@@ -207,6 +210,17 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+// servingCertificateIn checks that dir holds the webhook's certificate and key, so that a
+// controller without them says so at once instead of failing when its webhook starts.
+func servingCertificateIn(dir string) error {
+	for _, name := range []string{"tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("the webhook's serving certificate: %w; mount its Secret (berth-webhook-tls, see docs/webhook.md) at --webhook-cert-dir, or pass --webhook-port=0 to serve no webhook", err)
+		}
+	}
+	return nil
 }
 
 // adminKeyReader reads an admin key when a host job needs it, past the cache: no admin key is
