@@ -30,7 +30,7 @@ func newControllerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctrl.Log.WithName("berth").Info("starting", "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection)
+			ctrl.Log.WithName("berth").Info("starting", "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection, "webhookPort", o.WebhookPort)
 			return mgr.Start(ctrl.SetupSignalHandler())
 		},
 	}
@@ -61,5 +61,8 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.OTP.CertDir, "otp-cert-dir", "", "directory of the key server's tls.crt, tls.key and ca.crt (a cert-manager Certificate's Secret, mounted); read again when they change")
 	f.DurationVar(&o.OTP.KeyTTL, "otp-key-ttl", keyserver.DefaultTTL, "how long a task's key can be redeemed after berth stores it")
 	f.StringSliceVar(&o.OTP.StoreKeyServiceAccounts, "otp-store-key-service-accounts", nil, "ServiceAccounts (namespace/name, comma-separated) whose tokens may POST /store-key; none: /store-key is refused")
+	f.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "port of the admission webhook (HTTPS) that pins local-platform TaskRuns to nodes of their architecture; 0 serves none (a local-platform task created while no replica serves it gets an error secret)")
+	f.StringVar(&o.WebhookHost, "webhook-host", o.WebhookHost, "address the webhook binds (default: all)")
+	f.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "directory of the webhook's serving certificate, tls.crt and tls.key (a mounted kubernetes.io/tls Secret; reloaded when it changes)")
 	return cmd
 }

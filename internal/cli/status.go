@@ -116,29 +116,14 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (status.
 	return r, nil
 }
 
-// configInForce is the config the controller serves, got as it gets it: the labelled ConfigMap
-// merged onto the stored config in force (each platform an edit broke keeps its last good
-// settings), or the stored one alone while the ConfigMap is missing, ambiguous or unusable.
+// configInForce is the config the controller serves, as hostconfig.Read finds it.
 func configInForce(ctx context.Context, c client.Reader, namespace string) (*config.Config, error) {
-	stored, err := hostconfig.ReadInForce(ctx, c, namespace)
-	if err != nil {
-		return nil, fmt.Errorf("reading the config in force (ConfigMap %s/%s): %w", namespace, hostconfig.InForceConfigMap, err)
+	cfg, err := hostconfig.Read(ctx, c, namespace)
+	if err == nil && cfg == nil {
+		err = fmt.Errorf("berth has no usable config in namespace %s: want one ConfigMap labelled %s there; is this berth's namespace (-n)?",
+			namespace, hostconfig.ConfigLabel)
 	}
-	var list corev1.ConfigMapList
-	if err := c.List(ctx, &list, client.InNamespace(namespace), client.HasLabels{hostconfig.ConfigLabel}); err != nil {
-		return nil, fmt.Errorf("listing ConfigMaps in %s: %w", namespace, err)
-	}
-	if len(list.Items) == 1 {
-		if next, _ := config.Parse(list.Items[0].Data); len(next.Fatal()) == 0 {
-			cfg, _ := config.Merge(stored, next)
-			return cfg, nil
-		}
-	}
-	if stored == nil {
-		return nil, fmt.Errorf("berth has no usable config in namespace %s: want one ConfigMap labelled %s there (found %d); is this berth's namespace (-n)?",
-			namespace, hostconfig.ConfigLabel, len(list.Items))
-	}
-	return stored, nil
+	return cfg, err
 }
 
 // snapshot turns the config and records into what package status sums up.

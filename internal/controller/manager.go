@@ -4,9 +4,11 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -18,6 +20,8 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
@@ -32,6 +36,7 @@ import (
 	"github.com/berth-ci/berth/internal/otp/keyserver"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/remote"
+	"github.com/berth-ci/berth/internal/webhook"
 )
 
 // Options configure the controller; the defaults are those of `berth controller`.
@@ -70,6 +75,13 @@ type Options struct {
 	QueuePositionInterval time.Duration
 	// Clock, if set, is the VM fleet's clock (max-age, allocation timeouts): tests move it.
 	Clock func() time.Time
+	// WebhookPort is where the admission webhook that pins local-platform TaskRuns to nodes of
+	// their architecture is served over TLS (package webhook); 0 serves none. WebhookHost is
+	// the address it binds ("": all), WebhookCertDir holds its tls.crt and tls.key (reloaded
+	// when they change, as a mounted Secret is).
+	WebhookPort    int
+	WebhookHost    string
+	WebhookCertDir string
 	// Restartable allows a later manager in the same process (a test or the dev stack
 	// replacing a stopped controller); controller-runtime otherwise refuses repeated names.
 	Restartable bool
@@ -154,6 +166,8 @@ func DefaultOptions() Options {
 		MinFreeBytes:         10 << 30,
 		SweepInterval:        time.Minute,
 		LeakGrace:            10 * time.Minute,
+		WebhookPort:          9443,
+		WebhookCertDir:       filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"),
 	}
 }
 
@@ -162,7 +176,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := o.OTP.check(); err != nil {
 		return nil, err
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	opts := ctrl.Options{
 		Scheme:                  kubescheme.New(),
 		Cache:                   taskrun.CacheOptions(o.Namespace),
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
@@ -174,7 +188,18 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		// lets it take over without waiting for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.Restartable},
-	})
+	}
+	if o.WebhookPort != 0 {
+		if err := servingCertificateIn(o.WebhookCertDir); err != nil {
+			return nil, err
+		}
+		opts.WebhookServer = crwebhook.NewServer(crwebhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir,
+			// HTTP/1.1 only: anything in the cluster can reach the port, and HTTP/2's stream
+			// handling has been a denial-of-service target (CVE-2023-44487); the apiserver
+			// calls webhooks over HTTP/1.1 just as well.
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}})
+	}
+	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
@@ -238,6 +263,15 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return nil, err
 	}
+	if o.WebhookPort != 0 {
+		server := mgr.GetWebhookServer()
+		server.Register(webhook.AffinityPath, &admission.Webhook{Handler: &webhook.Affinity{Config: webhook.InForce(store, mgr.GetAPIReader(), o.Namespace)}})
+		// Ready only once the webhook answers: the Service sends the apiserver's calls to
+		// ready pods alone.
+		if err := mgr.AddReadyzCheck("webhook", server.StartedChecker()); err != nil {
+			return nil, err
+		}
+	}
 	return mgr, nil
 }
 
@@ -258,6 +292,17 @@ func setupOTP(mgr ctrl.Manager, uncached client.Client, reconciler *taskrun.Reco
 	}
 	return keyserver.Serve(mgr, keys, keyserver.ServeOptions{Addr: o.OTP.BindAddress, CertDir: o.OTP.CertDir,
 		StoreKeyServiceAccounts: o.OTP.StoreKeyServiceAccounts})
+}
+
+// servingCertificateIn checks that dir holds the webhook's certificate and key, so that a
+// controller without them says so at once instead of failing when its webhook starts.
+func servingCertificateIn(dir string) error {
+	for _, name := range []string{"tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("the webhook's serving certificate: %w; mount its Secret (berth-webhook-tls, see docs/webhook.md) at --webhook-cert-dir, or pass --webhook-port=0 to serve no webhook", err)
+		}
+	}
+	return nil
 }
 
 // adminKeyReader reads an admin key when a host job needs it, past the cache: no admin key is

@@ -69,12 +69,13 @@ TaskRuns by reason: a run has nothing that deserves one.`,
 			sc.Chaos = chaos
 			if controllerCmd == "" {
 				// berth-dev's own controller: the production berth's, which cannot serve the
-				// dynamic scenarios' platforms of type local-vm.
+				// dynamic scenarios' platforms of type local-vm. No scenario has a local
+				// platform, and the bench's control plane calls no webhook: it serves none.
 				self, err := os.Executable()
 				if err != nil {
 					return err
 				}
-				controllerCmd = self + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --host-check-interval=0 --provisioner=" + provisioner
+				controllerCmd = self + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --webhook-port=0 --host-check-interval=0 --provisioner=" + provisioner
 			}
 			commands := []string{controllerCmd}
 			if baseline != "" {

@@ -36,8 +36,8 @@ func newDevCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the local stack: control plane, SSH hosts, Tekton stand-in and berth (make run)",
-		Long: `dev brings up a real kube-apiserver and etcd with Tekton's CRDs and berth's RBAC and Tasks,
-real SSH hosts (each an sshd in its own network and mount namespace), a Tekton stand-in that
+		Long: `dev brings up a real kube-apiserver and etcd with Tekton's CRDs and berth's RBAC, Tasks and
+admission webhook (config/webhook, served by the controller on 127.0.0.1), real SSH hosts (each an sshd in its own network and mount namespace), a Tekton stand-in that
 runs TaskRuns, a local VM cloud whose VMs are SSH hosts booted on demand (with an EC2 API
 stand-in in front of it), and berth's controller with a sample host config: the hosts as
 static hosts of linux/s390x, linux/arm64 as a dynamic platform of type aws (a VM per task,

@@ -98,6 +98,10 @@ type Stack struct {
 	AdminKeyPath   string
 	KnownHostsPath string
 
+	// Webhook is where the controller serves berth's admission webhook, which the control
+	// plane calls there for every TaskRun created (config/webhook, registered by Up).
+	Webhook WebhookServing
+
 	// Supervisor watches every component above and the controller; the first to stop while
 	// the stack runs is its failure (see Supervisor.Guard).
 	Supervisor *Supervisor
@@ -180,7 +184,11 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		if err := s.ControlPlane.EnsureNamespace(ctx, Namespace); err != nil {
 			return "", err
 		}
-		return "RBAC of config/rbac and Tasks of config/tasks in namespace " + Namespace, install(ctx, s.ControlPlane.Client)
+		if err := install(ctx, s.ControlPlane.Client); err != nil {
+			return "", err
+		}
+		webhook, err := s.installWebhook()
+		return "RBAC of config/rbac and Tasks of config/tasks in namespace " + Namespace + ", " + webhook, err
 	}); err != nil {
 		return s, err
 	}
@@ -352,7 +360,8 @@ const ControllerReadyTimeout = 2 * time.Minute
 
 // StartController runs berth's controller as ServiceAccount berth-controller, held to the
 // RBAC of config/rbac, and returns once it is ready: it leads (when it elects a leader), its
-// caches have synced and its health endpoint (if it serves one) answers. The supervisor
+// caches have synced, its webhook (if it serves one: o.WebhookPort not 0) answers where the
+// stack registered it, and its health endpoint (if it serves one) answers. The supervisor
 // watches it until StopController. A controller that fails to start or exits before it is
 // ready is a *ComponentError.
 func (s *Stack) StartController(o controller.Options) error {
@@ -361,6 +370,9 @@ func (s *Stack) StartController(o controller.Options) error {
 	}
 	o.Namespace = Namespace
 	o.Restartable = true
+	if o.WebhookPort != 0 {
+		o.WebhookHost, o.WebhookPort, o.WebhookCertDir = s.Webhook.Host, s.Webhook.Port, s.Webhook.CertDir
+	}
 	mgr, err := controller.New(s.ControlPlane.ConfigFor(Namespace, ControllerServiceAccount), o)
 	if err != nil {
 		return &ComponentError{Component: ControllerComponent, Err: err}
@@ -385,7 +397,7 @@ func (s *Stack) StartController(o controller.Options) error {
 		<-done
 		return exitErr
 	}
-	if err := controllerReady(mgr, o.HealthProbeAddress, done, exit); err != nil {
+	if err := controllerReady(mgr, o.WebhookPort != 0, o.HealthProbeAddress, done, exit); err != nil {
 		forget()
 		_ = s.StopController() // it has failed already; err says how
 		return &ComponentError{Component: ControllerComponent, Err: err}
@@ -393,9 +405,10 @@ func (s *Stack) StartController(o controller.Options) error {
 	return nil
 }
 
-// controllerReady waits until mgr leads, its caches have synced and its health endpoint at
-// healthAddr ("0": none) answers, or it has exited (done closed; exit then says why).
-func controllerReady(mgr ctrl.Manager, healthAddr string, done <-chan struct{}, exit func() error) error {
+// controllerReady waits until mgr leads, its caches have synced, its webhook server (if
+// webhook) answers and its health endpoint at healthAddr ("0": none) answers, or it has exited
+// (done closed; exit then says why).
+func controllerReady(mgr ctrl.Manager, webhook bool, healthAddr string, done <-chan struct{}, exit func() error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), ControllerReadyTimeout)
 	defer cancel()
 	go func() {
@@ -422,6 +435,18 @@ func controllerReady(mgr ctrl.Manager, healthAddr string, done <-chan struct{}, 
 	waiting = "its caches to sync"
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		return notReady()
+	}
+	if webhook {
+		// A TaskRun created before the webhook answers would be admitted unpinned.
+		waiting = "its webhook server to answer"
+		served := mgr.GetWebhookServer().StartedChecker()
+		for served(nil) != nil {
+			select {
+			case <-ctx.Done():
+				return notReady()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 	}
 	url := healthURL(healthAddr)
 	if url == "" {

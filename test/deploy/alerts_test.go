@@ -37,6 +37,7 @@ var mustWatch = []string{
 	"berth_clean_failures_total",
 	"berth_vm_lost_total",
 	"berth_vm_leaks_terminated_total",
+	"berth_local_affinity_missing_total",
 }
 
 // Labels Prometheus gives every series it scrapes through config/prometheus's ServiceMonitor

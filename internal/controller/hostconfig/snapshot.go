@@ -3,6 +3,7 @@ package hostconfig
 import (
 	"bytes"
 	"context"
+	"fmt"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -61,6 +62,29 @@ func ReadInForce(ctx context.Context, r client.Reader, namespace string) (*confi
 		return nil, err
 	}
 	return config.UnmarshalSnapshot([]byte(cm.Data[inForceKey]))
+}
+
+// Read is the config in force got from the cluster as the controller gets it: the labelled
+// ConfigMap merged onto the stored config in force (each platform an edit broke keeps its last
+// good settings), or the stored one alone while the ConfigMap is missing, ambiguous or unusable
+// as a whole; nil when there is neither. It is for readers that run no Watcher: `berth status`,
+// and the webhook on a replica that does not lead.
+func Read(ctx context.Context, r client.Reader, namespace string) (*config.Config, error) {
+	stored, err := ReadInForce(ctx, r, namespace)
+	if err != nil {
+		return nil, fmt.Errorf("reading the config in force (ConfigMap %s/%s): %w", namespace, InForceConfigMap, err)
+	}
+	var list corev1.ConfigMapList
+	if err := r.List(ctx, &list, client.InNamespace(namespace), client.HasLabels{ConfigLabel}); err != nil {
+		return nil, fmt.Errorf("listing ConfigMaps in %s: %w", namespace, err)
+	}
+	if len(list.Items) == 1 {
+		if next, _ := config.Parse(list.Items[0].Data); len(next.Fatal()) == 0 {
+			cfg, _ := config.Merge(stored, next)
+			return cfg, nil
+		}
+	}
+	return stored, nil
 }
 
 // restoreLastGood puts the stored config in force when nothing is yet: after a restart, a

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -23,8 +24,10 @@ func controllerProcess(t *testing.T, bin string) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
+	webhook := stack.Webhook // where the stack's apiserver calls the webhook, with the certificate it trusts
 	cmd := exec.Command(bin, "controller", "--kubeconfig", kubeconfig, "--namespace", devstack.Namespace,
-		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--host-check-interval=0", "--wait-timeout=0")
+		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--host-check-interval=0", "--wait-timeout=0",
+		"--webhook-host", webhook.Host, "--webhook-port", strconv.Itoa(webhook.Port), "--webhook-cert-dir", webhook.CertDir)
 	log, err := os.OpenFile(filepath.Join(t.TempDir(), "controller.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)

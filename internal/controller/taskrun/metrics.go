@@ -37,10 +37,14 @@ var (
 		Name: "berth_error_secrets_total",
 		Help: "User tasks answered with an error secret, by reason.",
 	}, []string{"reason"})
+	localAffinityMissing = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_local_affinity_missing_total",
+		Help: "Tasks on a local platform answered with an error because their pod template did not pin them to nodes of the platform's architecture (the admission webhook was not running when they were created, or the requirement was changed).",
+	}, []string{"platform"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(waitSeconds, allocationSeconds, taskSeconds, mirrorReverts, cleanFailures, errorSecrets, occupancy)
+	metrics.Registry.MustRegister(waitSeconds, allocationSeconds, taskSeconds, mirrorReverts, cleanFailures, errorSecrets, localAffinityMissing, occupancy)
 }
 
 // occupancy reports the ledger's state when Prometheus scrapes, not when it changes: it can

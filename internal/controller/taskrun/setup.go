@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -26,6 +27,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/provision"
 )
 
@@ -169,8 +171,9 @@ func stripInternalTaskRun(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	return tr
 }
 
-// stripTaskRun keeps what berth reads of a TaskRun: metadata, params, the secret volumes of
-// its resolved spec, conditions, times and results.
+// stripTaskRun keeps what berth reads of a TaskRun: metadata, params, the required node
+// affinity of its pod template (see serveLocally), the secret volumes of its resolved spec,
+// conditions, times and results.
 func stripTaskRun(obj any) (any, error) {
 	tr, ok := obj.(*pipelinev1.TaskRun)
 	if !ok {
@@ -182,7 +185,8 @@ func stripTaskRun(obj any) (any, error) {
 		tr.Spec, tr.Status = pipelinev1.TaskRunSpec{}, pipelinev1.TaskRunStatus{}
 		return tr, nil
 	}
-	tr.Spec.TaskSpec, tr.Spec.TaskRef, tr.Spec.Workspaces, tr.Spec.PodTemplate = nil, nil, nil, nil
+	tr.Spec.PodTemplate = requiredNodeAffinity(tr)
+	tr.Spec.TaskSpec, tr.Spec.TaskRef, tr.Spec.Workspaces = nil, nil, nil
 	tr.Spec.StepSpecs, tr.Spec.SidecarSpecs, tr.Spec.ComputeResources = nil, nil, nil
 	s := &tr.Status
 	s.Steps, s.Sidecars, s.RetriesStatus, s.Provenance, s.Artifacts, s.SpanContext = nil, nil, nil, nil, nil, nil
@@ -196,4 +200,15 @@ func stripTaskRun(obj any) (any, error) {
 		s.TaskSpec = &pipelinev1.TaskSpec{Volumes: volumes}
 	}
 	return tr, nil
+}
+
+// requiredNodeAffinity is the TaskRun's pod template cut down to its required node affinity.
+func requiredNodeAffinity(tr *pipelinev1.TaskRun) *pod.Template {
+	na := localaffinity.Of(tr)
+	if na == nil || na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return nil
+	}
+	return &pod.Template{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: na.RequiredDuringSchedulingIgnoredDuringExecution,
+	}}}
 }

@@ -22,8 +22,10 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/remote"
 	"github.com/berth-ci/berth/internal/tasksecret"
+	"github.com/berth-ci/berth/internal/webhook"
 )
 
 // reconcileUser moves a user TaskRun through the phases of its record.
@@ -109,13 +111,25 @@ func knownPlatforms(cfg *config.Config) string {
 }
 
 // serveLocally tells the task to build where it runs. Nothing is held, so nothing is recorded.
+// A platform that names an architecture builds right only on a node of it: its pod must be
+// pinned there (the webhook does it when the TaskRun is created), or the task gets an error.
 func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
+	platform := contract.Platform(tr)
+	if node, ok := localaffinity.NodeOf(platform); ok && !localaffinity.Enforced(localaffinity.Of(tr), node) {
+		err := r.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
+			"platform %s is local, so this task builds in its own pod, which must run on a %s/%s node; but the TaskRun's spec.podTemplate does not require %s=%s and %s=%s in every required node selector term, so the pod could run on a node of another architecture and build for it. berth's admission webhook adds that requirement when a TaskRun is created: it was not running when this one was, or the requirement was changed. Re-run the task; if this happens again, ask the platform team to check that berth's webhook is running (MutatingWebhookConfiguration %s).",
+			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, webhook.ConfigurationName))
+		if err == nil {
+			localAffinityMissing.WithLabelValues(platform).Inc()
+		}
+		return err
+	}
 	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
 	}
-	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: contract.Platform(tr)})
+	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
 	if err == nil {
-		r.step(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", contract.Platform(tr))
+		r.step(ctx, tr.Namespace+"/"+tr.Name, platform, contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", platform)
 	}
 	return err
 }

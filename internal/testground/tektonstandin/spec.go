@@ -138,8 +138,9 @@ func buildRunSpec(tr *pipelinev1.TaskRun, l layout) (*runSpec, error) {
 }
 
 // checkSupported rejects what the stand-in does not implement, naming it. Fields that only
-// steer scheduling or resources (computeResources, nodeSelector, stepSpecs, image pull
-// policy, capabilities) are accepted and have no effect here.
+// steer scheduling or resources (computeResources, nodeSelector, affinity, tolerations,
+// stepSpecs, image pull policy, capabilities) are accepted and have no effect here beyond
+// the pod object (see podFor).
 func checkSupported(tr *pipelinev1.TaskRun, spec *pipelinev1.TaskSpec) error {
 	if tr.Spec.Debug != nil {
 		return unsupported("debug breakpoints (spec.debug)")

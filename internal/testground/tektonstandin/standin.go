@@ -336,7 +336,10 @@ func podFor(tr *pipelinev1.TaskRun, sa *corev1.ServiceAccount, rs *runSpec) *cor
 		},
 	}
 	if pt := tr.Spec.PodTemplate; pt != nil {
-		pod.Spec.AutomountServiceAccountToken = pt.AutomountServiceAccountToken // as Tekton copies it
+		// As Tekton copies them. Nothing schedules the pod here, but what it would be scheduled
+		// by (berth's pin of a local platform to its architecture) shows on it as on a cluster.
+		pod.Spec.AutomountServiceAccountToken = pt.AutomountServiceAccountToken
+		pod.Spec.NodeSelector, pod.Spec.Tolerations, pod.Spec.Affinity = pt.NodeSelector, pt.Tolerations, pt.Affinity
 	}
 	for i, step := range steps {
 		image := step.Image

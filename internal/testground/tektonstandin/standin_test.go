@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -107,11 +110,20 @@ func TestResolvesTaskRefAndCreatesPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A task-type label chooses nothing: a user's step is no executor's, and the run stays in
-	// progress until Finish.
+	// progress until Finish. Its pod template's scheduling fields go into the pod, as Tekton
+	// puts them there.
+	scheduling := &pod.Template{
+		NodeSelector: map[string]string{"kubernetes.io/os": "linux"},
+		Tolerations:  []corev1.Toleration{{Key: "builds", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "kubernetes.io/arch", Operator: corev1.NodeSelectorOpIn, Values: []string{"s390x"}}}}}}}},
+	}
 	tr := &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{Name: "build", Namespace: ns, Labels: map[string]string{contract.TaskTypeLabel: "provision"}},
 		Spec: pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"},
-			Params: pipelinev1.Params{{Name: "PLATFORM", Value: *pipelinev1.NewStructuredValues("linux/s390x")}}},
+			Params:      pipelinev1.Params{{Name: "PLATFORM", Value: *pipelinev1.NewStructuredValues("linux/s390x")}},
+			PodTemplate: scheduling.DeepCopy()},
 	}
 	if err := cp.Client.Create(ctx, tr); err != nil {
 		t.Fatal(err)
@@ -137,6 +149,11 @@ func TestResolvesTaskRefAndCreatesPod(t *testing.T) {
 	}
 	if pod.Spec.Volumes[0].Secret == nil || pod.Spec.Volumes[0].Secret.SecretName != "multi-platform-ssh-build" || pod.Spec.Containers[0].VolumeMounts[0].MountPath != "/ssh" {
 		t.Fatalf("pod lost the task's secret volume: %+v", pod.Spec)
+	}
+	// (The apiserver's admission adds tolerations of its own.)
+	if !equality.Semantic.DeepEqual(pod.Spec.Affinity, scheduling.Affinity) || !equality.Semantic.DeepEqual(pod.Spec.NodeSelector, scheduling.NodeSelector) ||
+		!slices.ContainsFunc(pod.Spec.Tolerations, func(tol corev1.Toleration) bool { return tol.MatchToleration(&scheduling.Tolerations[0]) }) {
+		t.Fatalf("pod is not scheduled as its TaskRun's podTemplate says: affinity %+v, nodeSelector %v, tolerations %+v", pod.Spec.Affinity, pod.Spec.NodeSelector, pod.Spec.Tolerations)
 	}
 
 	if err := standIn.Finish(ctx, key, nil); err != nil {
