@@ -10,7 +10,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
 )
 
 // What the dev stack shows of each user TaskRun: where berth has it, from berth's record of it
@@ -82,6 +84,12 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 	if err := c.List(ctx, &records, client.InNamespace(Namespace)); err != nil {
 		return nil, err
 	}
+	// A local task holds its host label only while it runs, which may be shorter than a
+	// refresh: the config tells that its platform is local.
+	cfg, err := hostconfig.Read(ctx, c, Namespace)
+	if err != nil {
+		return nil, err
+	}
 	recordOf := map[string]*berthv1.Allocation{}
 	for i := range records.Items {
 		recordOf[string(records.Items[i].Spec.TaskRun.UID)] = &records.Items[i]
@@ -96,7 +104,7 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 		if tr.Namespace == Namespace || tr.Labels[contract.TaskTypeLabel] != "" {
 			continue // berth's own TaskRuns
 		}
-		row := b.row(tr, recordOf[string(tr.UID)])
+		row := b.row(tr, recordOf[string(tr.UID)], isLocal(cfg, contract.Platform(tr)))
 		if row.State == StateWaiting {
 			waiting[row.Platform]++
 		}
@@ -110,7 +118,16 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 	return rows, nil
 }
 
-func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) TaskRunRow {
+// isLocal tells a platform the config serves on the cluster's own nodes.
+func isLocal(cfg *config.Config, platform string) bool {
+	if cfg == nil || platform == "" {
+		return false
+	}
+	strategy, known := cfg.Strategy(config.Platform(platform))
+	return known && strategy == config.StrategyLocal
+}
+
+func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation, local bool) TaskRunRow {
 	uid := string(tr.UID)
 	row := b.seen[uid]
 	row.Namespace, row.Name, row.Platform = tr.Namespace, tr.Name, contract.Platform(tr)
@@ -120,7 +137,7 @@ func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) TaskRunRow 
 		host = rec.Status.Login.Host
 	}
 	switch {
-	case host == contract.Localhost:
+	case host == contract.Localhost || (host == "" && rec == nil && local):
 		row.Host = LocalHost
 	case host != "":
 		row.Host = host
