@@ -12,15 +12,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/pem"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -31,11 +26,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-ci/berth/internal/cli"
-	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/remote"
 	"github.com/berth-ci/berth/internal/testground/repo"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/testground/stacktest"
@@ -131,87 +124,65 @@ func TestErrorSecretFailsTheStep(t *testing.T) {
 	}
 }
 
-// With berth's one-time keys the secret holds a token, not the key: the step redeems it at
-// the key server (its TLS certificate checked against otp-ca) and builds on the host; a
-// retried TaskRun finds the token spent and fails saying so. The key server here is the
-// contract's (POST the token, get the key once); the secret is made by the test, in the
-// shape berth writes with its key server on, for a build user made by berth's own code.
-func TestOneTimeKey(t *testing.T) {
+// With berth's one-time keys (the controller restarted with its key server on) the secret
+// berth writes holds a token, not the key: the build step redeems it at berth's key server
+// with curl, the server's certificate checked against otp-ca, and builds on the host as the
+// TaskRun's build user. The twin then runs its build step a second time in the same pod, with
+// the same secret, as a retried TaskRun would: the token is spent, and the step fails saying
+// so before it touches the host.
+func TestOTPBuildStepRedeemsTheKeyOnce(t *testing.T) {
 	if err := sshhosts.BuildPrerequisites(); err != nil {
 		skipOrFail(t, err)
 	}
-	ctx := context.Background()
-	h := stack.Fleet.Hosts[0]
-	target := remote.Target{Address: h.Address, User: "root", Signer: stack.Fleet.AdminSigner, HostKeys: remote.Pinned{Key: h.HostKey}}
-	private, authorized, err := hostops.NewKey(config.DefaultKeyType, "taskgen one-time key test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	user := hostops.UserName("0123456789abcdef0123456789abcdef", 1)
-	dir, err := hostops.CreateUser(ctx, target, hostops.NewUser{Name: user, AuthorizedKey: authorized, Owner: "taskgen-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := hostops.Clean(context.Background(), target, user); err != nil {
-			t.Errorf("removing %s: %v", user, err)
-		}
-	})
-	uid, err := h.Run(ctx, "id -u "+user)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	const token = "f3a9c2d4e5b6a7980123456789abcdef"
-	var mu sync.Mutex
-	var redeemed, refused int
-	keys := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		defer mu.Unlock()
-		if r.Method != http.MethodPost || r.URL.Path != "/otp" || string(body) != token || redeemed > 0 {
-			refused++
-			http.Error(w, "token unknown or spent", http.StatusForbidden)
-			return
-		}
-		redeemed++
-		w.Write(bytes.TrimSuffix(private, []byte("\n"))) // the task adds the newline ssh wants
-	}))
-	defer keys.Close()
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: keys.Certificate().Raw})
-
-	ns := setUp(t, func(task *pipelinev1.Task) {
-		for i := range task.Spec.Volumes {
-			if v := &task.Spec.Volumes[i]; v.Name == "ssh" {
-				v.Secret.SecretName = "one-time" // berth leaves a Task without its secret alone
-			}
-		}
-	})
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "one-time", Namespace: ns}, Data: map[string][]byte{
-		"otp":        []byte(token + "\n"), // curl -d @file drops the newline, as the real task relies on
-		"otp-server": []byte(keys.URL + "/otp"),
-		"otp-ca":     ca,
-		"host":       []byte(user + "@" + h.Address),
-		"user-dir":   []byte(dir),
-	}})
-
+	stacktest.OTPController(t, stack, stacktest.Options())
+	ns := setUp(t, addRetry)
 	tr := run(t, ns, remotePlatform)
-	info := buildInfo(t, sections(resultsOf(t, tr)["INSPECTION"])["build-info"])
-	if !strings.HasPrefix(info["user-namespace"], "0 "+strings.TrimSpace(uid)+" 1,1 ") {
-		t.Errorf("the build's user namespace %q: want root as %s (uid %s)", info["user-namespace"], user, strings.TrimSpace(uid))
+
+	results := resultsOf(t, tr)
+	inspection := sections(results["INSPECTION"])
+	if got, want := inspection["secret"], "host\notp\notp-ca\notp-server\nuser-dir"; got != want {
+		t.Fatalf("the step saw a secret of %q; want %q: berth's token and key server, no key", got, want)
+	}
+	user := hostops.UserName(string(tr.UID), 1)
+	if want := user + "@" + stack.Fleet.Hosts[0].Address; inspection["secret host"] != want {
+		t.Fatalf("the step ran against host %q, want %s", inspection["secret host"], want)
+	}
+	// Root in the build's container is a user of the host, not the pod's root: the key the
+	// step redeemed logged it in as the build user.
+	info := buildInfo(t, inspection["build-info"])
+	if mapping := info["user-namespace"]; !strings.HasPrefix(mapping, "0 ") || strings.HasPrefix(mapping, "0 0 ") {
+		t.Errorf("the build's user namespace %q: want root mapped to %s, as rootless podman on the host maps it", mapping, user)
 	}
 	sourcesAndValuesArrived(t, info)
-	resultsCameBack(t, resultsOf(t, tr))
+	resultsCameBack(t, results)
 
-	msg := failed(t, start(t, ns, "retry", remotePlatform))
-	if !strings.Contains(msg, "did not hand out this TaskRun's key") || !strings.Contains(msg, "403") {
-		t.Errorf("a retry with the spent token failed with %q; want the step to say the token is spent", msg)
+	retry := results["RETRY"]
+	if !strings.Contains(retry, "did not hand out this TaskRun's key") || !strings.Contains(retry, "returned error: 404") {
+		t.Errorf("the build step run again with the spent token said %q; want the key server's refusal and the step's reason", retry)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if redeemed != 1 || refused != 1 {
-		t.Errorf("the key server handed out the key %d times and refused %d; want once each", redeemed, refused)
+	if strings.Contains(retry, "runs on") {
+		t.Errorf("the build step run again went on after the refusal: %q", retry)
 	}
+}
+
+// addRetry adds to the twin a second run of its build step, last, with the same script and
+// secret, its output in the result RETRY. It is let fail (onError: continue), so
+// the TaskRun's results stay to be checked.
+func addRetry(task *pipelinev1.Task) {
+	for _, step := range task.Spec.Steps {
+		if step.Name != "build" {
+			continue
+		}
+		retry := *step.DeepCopy()
+		retry.Name = "retry"
+		retry.OnError = pipelinev1.Continue
+		shebang, rest, _ := strings.Cut(retry.Script, "\n")
+		retry.Script = shebang + "\nexec >$(results.RETRY.path) 2>&1\n" + rest
+		task.Spec.Steps = append(task.Spec.Steps, retry)
+		task.Spec.Results = append(task.Spec.Results, pipelinev1.TaskResult{Name: "RETRY"})
+		return
+	}
+	panic("the twin has no build step")
 }
 
 // setUp makes a namespace with the twin of testdata's buildah Task, made by `berth taskgen`
@@ -284,9 +255,9 @@ printf 'text\n' > "$src/docs/a file with spaces & 'quotes'.txt"
 }
 
 // addInspection adds the test's instrument to the twin: a last step, in the pod, that reports
-// in the result INSPECTION what the build left in the workspace and, for a remote platform,
-// what the host says about the build user while the TaskRun still holds it (berth removes
-// the user once the TaskRun ends).
+// in the result INSPECTION what the build left in the workspace, the keys of berth's secret
+// and, for a remote platform whose secret holds the key, what the host says about the build
+// user while the TaskRun still holds it (berth removes the user once the TaskRun ends).
 func addInspection(task *pipelinev1.Task) {
 	task.Spec.Results = append(task.Spec.Results, pipelinev1.TaskResult{Name: "INSPECTION"})
 	task.Spec.Steps = append(task.Spec.Steps, pipelinev1.Step{
@@ -300,6 +271,8 @@ set -euo pipefail
   cat "$(workspaces.source.path)/build-info"
   echo "== image"
   ls /shared/image
+  echo "== secret"
+  ls /ssh
   echo "== secret host"
   cat /ssh/host
   echo

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,10 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
@@ -43,37 +42,11 @@ again=$(/usr/bin/curl --silent --output /dev/null --write-out '%{http_code}' --c
 echo "second redemption: $again" >> $(results.out.path)
 `
 
-// otpController restarts the controller with the OTP option, its key server on a loopback
-// port with a certificate of a CA of the test's own, until the test ends.
-func otpController(t *testing.T) (url string, ca *tlscerts.CA) {
-	t.Helper()
-	ca, err := tlscerts.NewCA("berth-otp-stack-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if _, err := ca.WriteDir(dir, "127.0.0.1"); err != nil {
-		t.Fatal(err)
-	}
-	// The URL goes into the secrets before the server listens: its port is chosen here.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	o := controllerOptions()
-	o.OTP = controller.OTPOptions{ServerURL: "https://" + addr + "/otp", BindAddress: addr, CertDir: dir}
-	restartController(t, o)
-	t.Cleanup(func() { restartController(t, controllerOptions()) })
-	return o.OTP.ServerURL, ca
-}
-
 // With the OTP option the secret carries a one-time token and no key; the real task's curl
 // redeems it once, and the key it gets logs in as the task's build user. When the task ends,
 // nothing of the key is left kept.
 func TestOTPEndToEnd(t *testing.T) {
-	url, ca := otpController(t)
+	url, ca := stacktest.OTPController(t, stack, controllerOptions())
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
 	tr := create(t, userTaskRun(ns, "build", platform, otpBuild))
@@ -109,7 +82,7 @@ func TestOTPEndToEnd(t *testing.T) {
 // A token is worth nothing once its task's secret was changed or deleted by the tenant, or
 // its task ended: the key is withdrawn, whoever read the token.
 func TestOTPKeyWithdrawn(t *testing.T) {
-	url, ca := otpController(t)
+	url, ca := stacktest.OTPController(t, stack, controllerOptions())
 	applyConfig(t, 3, nil)
 	ns := namespace(t)
 	for _, c := range []struct {

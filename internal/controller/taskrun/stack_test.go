@@ -38,12 +38,7 @@ func startController(o controller.Options) error { return stack.StartController(
 // restartController replaces the running controller, as a crash and restart would.
 func restartController(t *testing.T, o controller.Options) {
 	t.Helper()
-	if err := stack.StopController(); err != nil {
-		t.Fatalf("stopping the controller: %v", err)
-	}
-	if err := startController(o); err != nil {
-		t.Fatalf("starting the controller: %v", err)
-	}
+	stacktest.RestartController(t, stack, o)
 }
 
 func c() client.Client { return stack.ControlPlane.Client }
