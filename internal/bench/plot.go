@@ -4,21 +4,30 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgsvg"
+	// The formats WritePlot writes.
+	_ "gonum.org/v1/plot/vg/vgimg"
+	_ "gonum.org/v1/plot/vg/vgsvg"
 )
 
 // WritePlot draws, for every run, the distribution of creation→secret latency (a CDF, on a
 // log scale: a baseline and berth can be orders of magnitude apart) beside the tasks served
-// over time from the first task's creation, into an SVG file. Each run is one line, named by
-// its label.
+// over time from the first task's creation, into an SVG or PNG file (by path's extension).
+// Each run is one line, named by its label.
 func WritePlot(path string, results []*Result, label func(*Result) string) error {
+	format := strings.TrimPrefix(filepath.Ext(path), ".")
+	if format != "svg" && format != "png" {
+		return fmt.Errorf("plot %s: want a .svg or .png file", path)
+	}
 	if !slices.ContainsFunc(results, func(r *Result) bool { return len(r.Timeline.served()) > 0 }) {
 		return fmt.Errorf("no run served a task: nothing to plot in %s", path)
 	}
@@ -35,6 +44,7 @@ func WritePlot(path string, results []*Result, label func(*Result) string) error
 	served.Title.Text = "tasks served over time"
 	served.X.Label.Text = "s since the first task's creation"
 	served.Y.Label.Text = "tasks served"
+	served.Y.Tick.Marker = wholeTicks{}
 	served.Add(plotter.NewGrid())
 
 	for i, r := range results {
@@ -59,7 +69,10 @@ func WritePlot(path string, results []*Result, label func(*Result) string) error
 	latency.Legend.Top, latency.Legend.Left = true, true
 	served.Legend.Top, served.Legend.Left = true, true
 
-	img := vgsvg.New(28*vg.Centimeter, 11*vg.Centimeter)
+	img, err := draw.NewFormattedCanvas(28*vg.Centimeter, 11*vg.Centimeter, format)
+	if err != nil {
+		return err
+	}
 	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Centimeter, PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3}
 	canvases := plot.Align([][]*plot.Plot{{latency, served}}, tiles, draw.New(img))
 	latency.Draw(canvases[0][0])
@@ -107,4 +120,17 @@ func servedOverTime(t Timeline) plotter.XYs {
 		xys = append(xys, plotter.XY{X: v, Y: float64(i + 1)})
 	}
 	return xys
+}
+
+// wholeTicks are the default ticks labelled as whole numbers (counts of tasks).
+type wholeTicks struct{}
+
+func (wholeTicks) Ticks(min, max float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label = strconv.FormatFloat(ticks[i].Value, 'f', 0, 64)
+		}
+	}
+	return ticks
 }

@@ -36,7 +36,17 @@ func TestWritePlot(t *testing.T) {
 			t.Errorf("the plot lacks %q", want)
 		}
 	}
+	png := filepath.Join(t.TempDir(), "bench.png")
+	if err := WritePlot(png, []*Result{baseline, berth}, func(r *Result) string { return names[r] }); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(png); err != nil || !strings.HasPrefix(string(data), "\x89PNG") {
+		t.Errorf("%s is no PNG: %v", png, err)
+	}
 	if err := WritePlot(path, []*Result{{}}, func(*Result) string { return "" }); err == nil {
 		t.Error("a plot of runs that served nothing must be refused")
+	}
+	if err := WritePlot(filepath.Join(t.TempDir(), "bench.gif"), []*Result{berth}, func(*Result) string { return "" }); err == nil {
+		t.Error("a format other than SVG and PNG must be refused")
 	}
 }

@@ -147,7 +147,7 @@ func PrintSweep(w io.Writer, results []*Result) {
 	for _, c := range controllers {
 		fmt.Fprintf(w, "\n%s\n", c)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "scale\ttasks\tslots\tunrelated\tserved\tallocations/s\thand-over p99 ms\tsecret p99 ms\tfirst secret s\tpeak RSS MiB\twrites/task no wait\twrites/task waited\twrites/allocation\t")
+		fmt.Fprintln(tw, "scale\ttasks\tslots\tunrelated\tserved\tallocations/s\tslot utilisation\thand-over p99 ms\tsecret p99 ms\tfirst secret s\tpeak RSS MiB\twrites/task no wait\twrites/task waited\twrites/allocation\t")
 		for _, r := range results {
 			if r.Controller != c {
 				continue
@@ -156,8 +156,8 @@ func PrintSweep(w io.Writer, results []*Result) {
 			if r.Incomplete != "" {
 				served += " (incomplete)"
 			}
-			fmt.Fprintf(tw, "%g\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", r.Scale, r.Tasks, r.Slots, r.Unrelated, served,
-				r.AllocationsPerSec, r.HandOver.P99, r.SecretLatency.P99, r.FirstSecretSeconds, r.PeakRSSMiB, r.WritesPerTaskNoWait, r.WritesPerTaskWaited, r.WritesPerAllocation)
+			fmt.Fprintf(tw, "%g\t%d\t%d\t%d\t%s\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", r.Scale, r.Tasks, r.Slots, r.Unrelated, served,
+				r.AllocationsPerSec, r.SlotUtilisation, r.HandOver.P99, r.SecretLatency.P99, r.FirstSecretSeconds, r.PeakRSSMiB, r.WritesPerTaskNoWait, r.WritesPerTaskWaited, r.WritesPerAllocation)
 		}
 		tw.Flush()
 	}

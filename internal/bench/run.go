@@ -188,11 +188,17 @@ func (r *run) at(m map[string]time.Time) func(string, time.Time) {
 	}
 }
 
-// waiting is how many tasks have no secret yet.
+// waiting is how many measured tasks have no secret yet.
 func (r *run) waiting() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.created) - len(r.secretAt) - len(r.errorAt)
+	n := len(r.created) - len(r.secretAt) - len(r.errorAt)
+	for _, at := range []map[string]time.Time{r.secretAt, r.errorAt} {
+		if _, warm := at[warmUpTask]; warm {
+			n++
+		}
+	}
+	return n
 }
 
 // finished is how many tasks (the warm-up among them) have completed.
