@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -52,6 +53,8 @@ func configureAudit(api *envtest.APIServer, path string, users []string) error {
 	args.Set("audit-policy-file", policyPath)
 	args.Set("audit-log-path", path)
 	args.Set("audit-log-format", "json")
+	// Never rotated (by default it is, at 100 MB): the log is read whole, as one file.
+	args.Set("audit-log-maxsize", strconv.Itoa(1<<20))
 	// Blocking: a request is answered only once its line is written, so that the log is
 	// complete for every request a client saw answered.
 	args.Set("audit-log-mode", "blocking")
