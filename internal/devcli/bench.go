@@ -112,8 +112,8 @@ task assigned to it).
 served tasks plus up to a second, and starts it again at once with the same command;
 controllerKills counts the kills. The cloud and the simulation live on.
 
---plot FILE.svg draws each run's creation→secret latency distribution (CDF) beside its tasks
-served over time. --pprof DIR runs berth-dev's own controller with --pprof-bind-address and
+--plot FILE.svg (or FILE.png) draws each run's creation→secret latency distribution (CDF)
+beside its tasks served over time. --pprof DIR runs berth-dev's own controller with --pprof-bind-address and
 saves, for each run, its CPU profile over the measured part (cpu.pprof) and its heap at the
 end (heap.pprof) in DIR/<run>/: go tool pprof -top DIR/<run>/cpu.pprof.
 
@@ -224,7 +224,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
 	f.StringVar(&provisioner, "provisioner", "ssh", "how this berth's controller reaches the hosts: ssh or taskrun (ignored with --controller)")
 	f.StringVar(&logDir, "log-dir", "", "keep each run's logs in a directory of its own under this one (default: a new temporary directory, printed at the start)")
-	f.StringVar(&plotPath, "plot", "", "draw each run's latency distribution and tasks served over time into this SVG file")
+	f.StringVar(&plotPath, "plot", "", "draw each run's latency distribution and tasks served over time into this SVG or PNG file")
 	f.StringVar(&pprofDir, "pprof", "", "save berth-dev's controller's CPU profile of the measured part and heap at the end of each run in a directory of its own under this one")
 	return cmd
 }
