@@ -46,10 +46,15 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
 
-## test: every test, on a real control plane and real SSH hosts
+## test: every test, on a real control plane and real SSH hosts, among them the quick bench
+## (internal/bench TestQuickBench: each scenario at scale 0.05, failing only on correctness),
+## whose figures are printed at the end
+QUICK_BENCH_REPORT := $(CURDIR)/.berth/quick-bench.txt
 test: prereqs testbin vet
-	$(GO) test -count=1 -timeout 30m ./...
+	@mkdir -p .berth && rm -f $(QUICK_BENCH_REPORT)
+	QUICK_BENCH_REPORT=$(QUICK_BENCH_REPORT) $(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
+	@cat $(QUICK_BENCH_REPORT)
 
 ## fuzz: each fuzz target for FUZZTIME (make test replays only their seed corpora)
 FUZZTIME ?= 2m
@@ -60,10 +65,11 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 ## bench: the Go benchmarks (ledger hand-over; slot freed → next waiter on the real stack), then
-## the load harness on its scenarios: static, idle-cluster, dynamic (a VM per task) and
-## dynamic-pool (shared VMs), the last two on the local VM cloud's real SSH hosts. BENCH_SCALE
-## shrinks the scenarios; BENCH_ARGS passes more flags to `berth-dev bench` (--baseline "<other
-## controller>", --json, --chaos N).
+## the load harness on its scenarios: static, idle-cluster, large (100,000 unrelated TaskRuns,
+## 10,000 tasks), dynamic (a VM per task) and dynamic-pool (shared VMs), the last two on the
+## local VM cloud's real SSH hosts. BENCH_SCALE shrinks the scenarios; BENCH_ARGS passes more
+## flags to `berth-dev bench` (--baseline "<other controller>", --json, --chaos N, --plot,
+## --pprof, --sweep).
 BENCHTIME ?= 50x
 BENCH_SCALE ?= 1
 BENCH_ARGS ?=
@@ -72,6 +78,7 @@ bench: prereqs testbin build
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./internal/controller/taskrun/ 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	bin/berth-dev bench --scenario static --scale $(BENCH_SCALE) $(BENCH_ARGS)
 	bin/berth-dev bench --scenario idle-cluster --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	bin/berth-dev bench --scenario large --scale $(BENCH_SCALE) $(BENCH_ARGS)
 	bin/berth-dev bench --scenario dynamic --scale $(BENCH_SCALE) $(BENCH_ARGS)
 	bin/berth-dev bench --scenario dynamic-pool --scale $(BENCH_SCALE) $(BENCH_ARGS)
 

@@ -9,8 +9,8 @@ import (
 	"github.com/berth-ci/berth/internal/cloud"
 )
 
-// The production binary links none of the test ground, the dev stack, the bench or the
-// test-only cloud provider: they are berth-dev's (cmd/berth-dev).
+// The production binary links none of the test ground, the dev stack, the bench (nor its
+// plotting library) or the test-only cloud provider: they are berth-dev's (cmd/berth-dev).
 func TestLinksNoDevelopmentCode(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
 	if err != nil {
@@ -23,6 +23,7 @@ func TestLinksNoDevelopmentCode(t *testing.T) {
 		"github.com/berth-ci/berth/internal/bench",
 		"github.com/berth-ci/berth/internal/cloud/localvm",
 		"github.com/berth-ci/berth/internal/cloud/cloudfake",
+		"gonum.org/v1/plot",
 	}
 	for _, pkg := range strings.Fields(string(out)) {
 		for _, f := range forbidden {

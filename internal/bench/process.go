@@ -17,6 +17,8 @@ import (
 // the killed processes used is kept, so usage covers the whole run.
 type controllerProcess struct {
 	command, kubeconfig, logPath string
+	// startedAt is when the first process started.
+	startedAt time.Time
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -37,7 +39,7 @@ func startController(command, kubeconfig, logPath string) (*controllerProcess, e
 	if err != nil {
 		return nil, err
 	}
-	p := &controllerProcess{command: command, kubeconfig: kubeconfig, logPath: logPath, log: logFile}
+	p := &controllerProcess{command: command, kubeconfig: kubeconfig, logPath: logPath, log: logFile, startedAt: time.Now()}
 	if err := p.start(); err != nil {
 		logFile.Close()
 		return nil, err

@@ -1,31 +1,26 @@
 package bench
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
@@ -34,324 +29,397 @@ import (
 	"github.com/berth-ci/berth/internal/testground/vmcloud"
 )
 
-// Scenario is a workload.
-type Scenario struct {
-	Name        string
-	Hosts       int // static hosts of linux/s390x
-	Concurrency int // tasks at once per host (per VM on a VM platform)
-	Tasks       int // user TaskRuns, created in one burst
-	Unrelated   int // TaskRuns of no concern to the controller, present before it starts
-	MinRun      time.Duration
-	MaxRun      time.Duration
-	// MaxInstances > 0 makes linux/s390x a dynamic platform with that max-instances, served
-	// from a local VM cloud in the bench process: a VM per task, or with Pooled a
-	// dynamic-pool platform whose VMs take Concurrency tasks each.
-	MaxInstances int
-	Pooled       bool
-	// Chaos is how many times the controller is killed (SIGKILL) during the run, at random
-	// moments, and started again at once.
-	Chaos int
-}
-
-// vms tells whether the scenario's platform is served by VMs.
-func (sc Scenario) vms() bool { return sc.MaxInstances > 0 }
-
-// slots is how many tasks the platform runs at once.
-func (sc Scenario) slots() int {
-	if sc.vms() {
-		return sc.MaxInstances * sc.Concurrency
-	}
-	return sc.Hosts * sc.Concurrency
-}
-
-// ScenarioNamed returns a scenario, its counts multiplied by scale.
-func ScenarioNamed(name string, scale float64) (Scenario, error) {
-	var s Scenario
-	switch name {
-	case "static":
-		s = Scenario{Name: name, Hosts: 50, Concurrency: 4, Tasks: 2000, MinRun: time.Second, MaxRun: 3 * time.Second}
-	case "idle-cluster":
-		s = Scenario{Name: name, Hosts: 10, Concurrency: 2, Tasks: 100, Unrelated: 20000, MinRun: time.Second, MaxRun: 3 * time.Second}
-	case "dynamic":
-		// Every task waits for a VM of its own to boot (a real sshd host, about 1.5 s).
-		s = Scenario{Name: name, MaxInstances: 20, Concurrency: 1, Tasks: 200, MinRun: time.Second, MaxRun: 3 * time.Second}
-	case "dynamic-pool":
-		s = Scenario{Name: name, MaxInstances: 12, Pooled: true, Concurrency: 4, Tasks: 2000, MinRun: time.Second, MaxRun: 3 * time.Second}
-	default:
-		return s, fmt.Errorf("unknown scenario %q: static, idle-cluster, dynamic or dynamic-pool", name)
-	}
-	scaled := func(n int) int { return max(1, int(float64(n)*scale+0.5)) }
-	s.Hosts, s.Tasks = scaled(s.Hosts), scaled(s.Tasks)
-	if s.vms() {
-		s.Hosts = 0
-		// Two VMs at least, so that tasks are spread and hand-overs happen.
-		s.MaxInstances = max(2, scaled(s.MaxInstances))
-	}
-	if s.Unrelated > 0 {
-		s.Unrelated = scaled(s.Unrelated)
-	}
-	return s, nil
-}
-
-// Result is what one run measured.
-type Result struct {
-	Controller          string      `json:"controller"`
-	Scenario            string      `json:"scenario"`
-	Tasks               int         `json:"tasks"`
-	Served              int         `json:"served"`
-	SecretLatency       Percentiles `json:"creationToSecretMs"`
-	HandOver            Percentiles `json:"slotFreedToNextAllocationMs"`
-	MakespanSeconds     float64     `json:"makespanSeconds"`
-	AllocationsPerSec   float64     `json:"allocationsPerSecond"`
-	WritesPerAllocation float64     `json:"apiWritesPerAllocation"`
-	// Provisioner is how the controller reached the hosts: ssh (from its own process) or
-	// taskrun (provision TaskRuns the simulation completed).
-	Provisioner string  `json:"provisioner"`
-	PeakRSSMiB  float64 `json:"controllerPeakRssMiB"`
-	CPUSeconds  float64 `json:"controllerCpuSeconds"`
-	Violations  int     `json:"overcommitViolations"`
-	// ControllerKills is how many times chaos killed the controller during the run.
-	ControllerKills int `json:"controllerKills"`
-	// UserWarnings counts the Warning events on user TaskRuns by reason. Nothing in a run
-	// deserves one (no tenant edits anything, every host works): any is worth a look.
-	UserWarnings map[string]int `json:"userTaskWarnings"`
-	// VMResult is set on a VM platform; its fields are at the top level of the JSON.
-	*VMResult
-}
-
-// Percentiles of a latency, in milliseconds.
-type Percentiles struct {
-	P50, P90, P99, Max float64
-	N                  int
-}
-
-func percentiles(d []time.Duration) Percentiles {
-	if len(d) == 0 {
-		return Percentiles{}
-	}
-	slices.Sort(d)
-	at := func(p float64) float64 { return float64(d[int(p*float64(len(d)-1))].Microseconds()) / 1000 }
-	return Percentiles{P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: at(1), N: len(d)}
-}
-
 const (
 	controllerNamespace = "berth-system"
 	userNamespace       = "bench"
+	unrelatedNamespace  = "unrelated"
 	benchPlatform       = "linux/s390x"
-	adminSecret         = "host-admin-key"
+	// adminSecret holds the hosts' (and the VMs') admin key. The upstream controller takes
+	// the admin secret of an s390x or ppc64le host only when its name names the
+	// architecture, and reads only Secrets labelled multi-platform-secret.
+	adminSecret = "host-admin-s390x"
+	// controllerUser is the controller's own identity on the control plane (a cluster
+	// admin), by which the audit log tells its writes from the harness's and the
+	// simulation's.
+	controllerUser = "bench-controller"
+	warmUpTask     = "warm-up"
 )
 
-// Run measures one controller on one scenario, on a control plane of its own.
-func Run(ctx context.Context, sc Scenario, controllerCmd string, log io.Writer) (_ *Result, retErr error) {
-	dir, err := os.MkdirTemp("", "berth-bench-")
+// Options say how to run a controller on a scenario.
+type Options struct {
+	// Controller is the command line of the controller under test.
+	Controller string
+	// LogDir receives the run's logs and is kept; a new temporary directory when empty.
+	LogDir string
+	// Pprof, if set, collects the controller's profiles from its pprof endpoint.
+	Pprof *Pprof
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+// Run measures one controller on one scenario, on a control plane of its own. An error means
+// the run could not be set up; a run that was cut short returns its Result with Incomplete
+// saying why.
+func Run(ctx context.Context, sc Scenario, o Options) (*Result, error) {
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	dir := o.LogDir
+	var err error
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "berth-bench-")
+	} else {
+		err = os.MkdirAll(dir, 0o755)
+	}
 	if err != nil {
 		return nil, err
 	}
-	// The controller's log stays when the run fails: the error points to it.
-	defer func() {
-		if retErr == nil {
-			os.RemoveAll(dir)
-		}
-	}()
-	cp, err := controlplane.Start()
+	fmt.Fprintf(o.Log, "%s\n  controller: %s\n  logs: %s\n", sc.describe(), o.Controller, dir)
+	r := &run{sc: sc, o: o, dir: dir, auditPath: filepath.Join(dir, "audit.log"),
+		created: map[string]time.Time{}, secretAt: map[string]time.Time{}, errorAt: map[string]time.Time{},
+		doneAt: map[string]time.Time{}, owners: owners{}}
+	return r.run(ctx)
+}
+
+// run is one run's state.
+type run struct {
+	sc        Scenario
+	o         Options
+	dir       string
+	auditPath string
+
+	cp      *controlplane.ControlPlane
+	cfg     *rest.Config
+	c       client.Client
+	answers hostAnswers
+	cloud   *vmcloud.Cloud
+	sim     *Tekton
+	chk     *hostChecker
+	ctrl    *controllerProcess
+
+	mu                                 sync.Mutex
+	created, secretAt, errorAt, doneAt map[string]time.Time
+	owners                             owners
+	progress                           time.Time
+}
+
+func (r *run) run(ctx context.Context) (*Result, error) {
+	var err error
+	r.cp, err = controlplane.Start(controlplane.WithLogDir(r.dir), controlplane.WithAuditLog(r.auditPath, controllerUser))
 	if err != nil {
 		return nil, err
 	}
-	defer cp.Stop()
+	defer r.cp.Stop()
 	// The harness must never be what throttles the run: no client-side rate limit for it.
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.QPS, cfg.Burst = -1, 0
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: controlplane.Scheme()})
-	if err != nil {
+	r.cfg = rest.CopyConfig(r.cp.Config)
+	r.cfg.QPS, r.cfg.Burst = -1, 0
+	if r.c, err = client.NewWithWatch(r.cfg, client.Options{Scheme: controlplane.Scheme()}); err != nil {
 		return nil, err
 	}
-	var harnessWrites atomic.Int64
-	var answers hostAnswers
-	// On a VM platform the fleet has no hosts: only its admin key, which the VMs accept.
-	hosts, err := sshfake.StartFleet(sc.Hosts, answers.answer)
+	hosts, addressing, err := startHosts(r.sc.Hosts, r.answers.answer)
 	if err != nil {
 		return nil, err
 	}
 	defer hosts.Close()
-	var cloud *vmcloud.Cloud
+	if addressing != bareIPs {
+		fmt.Fprintf(r.o.Log, "  warning: the simulated hosts are named IP:port in the config (%s); a controller that takes bare IPs only (the upstream one) cannot read it\n", addressing)
+	}
 	var cloudKey string
-	if sc.vms() {
+	if r.sc.vms() {
 		var stopCloud func() error
-		cloud, cloudKey, stopCloud, err = startCloud(hosts.AdminKey, filepath.Join(dir, "vmcloud.log"))
+		r.cloud, cloudKey, stopCloud, err = startCloud(hosts.AdminKey, filepath.Join(r.dir, "vmcloud.log"))
 		if err != nil {
 			return nil, err
 		}
 		// Deferred before the controller starts, so it stops after the controller.
 		defer stopCloud()
 	}
-	if err := setUp(ctx, cp, c, sc, hosts, cloud, cloudKey, &harnessWrites, log); err != nil {
+	if err := r.setUp(ctx, hosts, cloudKey); err != nil {
 		return nil, err
 	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, cp.KubeConfig, 0o600); err != nil {
+	kubeconfig, err := r.cp.KubeConfigAs(controllerUser, "system:masters")
+	if err != nil {
+		return nil, err
+	}
+	kubeconfigPath := filepath.Join(r.dir, "controller.kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
 		return nil, err
 	}
 
 	// The simulation and the checker watch from before the controller starts.
 	simCtx, stopSim := context.WithCancel(ctx)
 	defer stopSim()
-	var (
-		mu        sync.Mutex
-		createdAt = map[string]time.Time{}
-		secretAt  = map[string]time.Time{}
-		doneAt    = map[string]time.Time{}
-	)
-	sim := &Tekton{Client: c, Namespace: userNamespace, Duration: Uniform(sc.MinRun, sc.MaxRun),
-		OnSecret: func(task string, at time.Time) { mu.Lock(); secretAt[task] = at; mu.Unlock() },
-		OnDone:   func(task string, at time.Time) { mu.Lock(); doneAt[task] = at; mu.Unlock() },
+	r.sim = &Tekton{Client: r.c, Namespace: userNamespace, ControllerNamespace: controllerNamespace, Duration: Uniform(r.sc.MinRun, r.sc.MaxRun),
+		OnSecret:   r.at(r.secretAt),
+		OnError:    r.at(r.errorAt),
+		OnDone:     r.at(r.doneAt),
+		OnInternal: func(name, task string) { r.mu.Lock(); r.owners.add(name, task); r.mu.Unlock() },
 	}
-	go func() { _ = sim.Run(simCtx, cfg) }()
-	chk, err := watchHosts(simCtx, cfg, c, sc.Concurrency, func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(createdAt) - len(secretAt)
-	})
+	go func() { _ = r.sim.Run(simCtx, r.cfg) }()
+	r.chk, err = watchHosts(simCtx, r.cfg, r.c, r.sc.Concurrency, r.waiting)
 	if err != nil {
 		return nil, err
 	}
 
-	ctrl, err := startController(controllerCmd, kubeconfig, filepath.Join(dir, "controller.log"))
+	res := &Result{Controller: r.o.Controller, Scenario: r.sc.Name, Scale: r.sc.Scale, Tasks: r.sc.Tasks, Slots: r.sc.slots(),
+		Unrelated: r.sc.Unrelated, LogDir: r.dir, HostAddresses: string(addressing)}
+	r.ctrl, err = startController(r.o.Controller, kubeconfigPath, filepath.Join(r.dir, "controller.log"))
 	if err != nil {
 		return nil, err
 	}
-	defer ctrl.stop()
-
-	// Warm-up: one task served means the controller has synced its caches and read its config.
-	warm := userTask("warm-up")
-	if err := c.Create(ctx, warm); err != nil {
-		return nil, err
-	}
-	if err := waitFor(ctx, 2*time.Minute, func() bool { mu.Lock(); defer mu.Unlock(); return !doneAt["warm-up"].IsZero() }); err != nil {
-		return nil, fmt.Errorf("the controller served no warm-up task in 2 minutes (see its log %s): %w", ctrl.logPath, err)
-	}
-	writesBefore, err := apiWrites(ctx, cp)
+	defer r.ctrl.stop()
+	from, start, err := r.measure(ctx, res)
 	if err != nil {
 		return nil, err
 	}
-	simBefore, harnessBefore := sim.Writes(), harnessWrites.Load()
+	if err := r.report(ctx, res, from, start); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
 
-	if sc.vms() {
-		kind := "dynamic"
-		if sc.Pooled {
-			kind = "dynamic-pool"
+// at records, in m, when something happened to a task, and that the run progressed.
+func (r *run) at(m map[string]time.Time) func(string, time.Time) {
+	return func(task string, t time.Time) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		m[task] = t
+		r.progress = maxTime(r.progress, t)
+	}
+}
+
+// waiting is how many measured tasks have no secret yet.
+func (r *run) waiting() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(r.created) - len(r.secretAt) - len(r.errorAt)
+	for _, at := range []map[string]time.Time{r.secretAt, r.errorAt} {
+		if _, warm := at[warmUpTask]; warm {
+			n++
 		}
-		fmt.Fprintf(log, "%s: %d tasks on a %s platform of at most %d VMs x %d\n", sc.Name, sc.Tasks, kind, sc.MaxInstances, sc.Concurrency)
-	} else {
-		fmt.Fprintf(log, "%s: %d tasks on %d hosts x %d\n", sc.Name, sc.Tasks, sc.Hosts, sc.Concurrency)
 	}
+	return n
+}
+
+// finished is how many tasks (the warm-up among them) have completed.
+func (r *run) finished() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.doneAt)
+}
+
+// measure runs the warm-up and the measured part. It returns when the measured part began (the
+// warm-up done) and when its first task was created; zero times when it never began. A phase
+// that runs out of time sets res.Incomplete.
+func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, err error) {
+	// Warm-up: one task served means the controller has synced its caches and read its config.
+	warm := userTask(warmUpTask)
+	if err := r.createTask(ctx, warm, false); err != nil {
+		return from, start, err
+	}
+	warmLimit := r.sc.warmUpLimit()
+	err = waitFor(ctx, warmLimit, func() bool {
+		if _, dead := r.ctrl.died(); dead {
+			return true
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return !r.doneAt[warmUpTask].IsZero()
+	})
+	if r.incomplete(res, err, fmt.Sprintf("the warm-up task did not finish in %s", warmLimit)) {
+		return from, start, ctx.Err()
+	}
+	from = time.Now()
+	var pprof *profiler
+	if r.o.Pprof != nil {
+		pprof = r.o.Pprof.start(ctx)
+	}
+
 	chaosCtx, stopChaos := context.WithCancel(ctx)
 	defer stopChaos()
 	chaosDone := make(chan error, 1)
 	go func() {
-		points := chaosPoints(sc.Chaos, sc.Tasks, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
-		chaosDone <- runChaos(chaosCtx, ctrl, points, func() int { mu.Lock(); defer mu.Unlock(); return len(secretAt) - 1 }, log)
+		points := chaosPoints(r.sc.Chaos, r.sc.Tasks, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+		chaosDone <- runChaos(chaosCtx, r.ctrl, points, func() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.secretAt) - 1 }, r.o.Log)
 	}()
-	start := time.Now()
-	err = parallel(sc.Tasks, 8, func(i int) error {
-		tr := userTask(fmt.Sprintf("task-%05d", i))
-		at := time.Now()
-		harnessWrites.Add(1)
-		if err := c.Create(ctx, tr); err != nil {
-			return err
-		}
-		mu.Lock()
-		createdAt[tr.Name] = at
-		mu.Unlock()
-		return nil
+	start = time.Now()
+	err = parallel(r.sc.Tasks, 8, func(i int) error {
+		return r.createTask(ctx, userTask(fmt.Sprintf("task-%05d", i)), true)
 	})
 	if err != nil {
-		return nil, err
+		return from, start, err
 	}
-	// Each task holds a slot for its run; on a dynamic platform also for its VM's boot, its
-	// build user's removal and the VM's end. Every restart costs a resync.
-	perTask := sc.MaxRun
-	if sc.vms() && !sc.Pooled {
-		perTask += 10 * time.Second
-	}
-	timeout := 5*time.Minute + time.Duration(sc.Tasks)*perTask/time.Duration(max(1, sc.slots()))*2 + time.Duration(sc.Chaos)*30*time.Second
-	waitErr := waitFor(ctx, timeout, func() bool {
-		if _, dead := ctrl.died(); dead {
+	limit := r.sc.runLimit()
+	r.mu.Lock()
+	r.progress = time.Now()
+	r.mu.Unlock()
+	stalled := false
+	waitErr := waitFor(ctx, limit, func() bool {
+		if _, dead := r.ctrl.died(); dead {
 			return true
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return len(doneAt) >= sc.Tasks+1
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		stalled = time.Since(r.progress) > stallLimit
+		return stalled || len(r.doneAt) >= r.sc.Tasks+1
 	})
 	stopChaos()
 	chaosErr := <-chaosDone
-	if how, dead := ctrl.died(); dead {
-		return nil, fmt.Errorf("the controller ended on its own (%s); see its log %s", how, ctrl.logPath)
+	switch {
+	case stalled:
+		r.incomplete(res, errors.New("stalled"), fmt.Sprintf("no task got a secret or finished for %s; %d tasks had no secret",
+			stallLimit, r.waiting()))
+	case r.incomplete(res, waitErr, fmt.Sprintf("%d of %d tasks finished in %s", r.finished()-1, r.sc.Tasks, limit)):
+	case chaosErr != nil:
+		res.Incomplete = fmt.Sprintf("restarting the killed controller: %v (its log: %s)", chaosErr, r.ctrl.logPath)
 	}
-	// Let the controller finish its cleanups, so their writes count too.
-	time.Sleep(2 * time.Second)
-	usage := ctrl.usage()
-	writesAfter, err := apiWrites(ctx, cp)
-	if err != nil {
-		return nil, err
+	if ctx.Err() != nil {
+		return from, start, ctx.Err()
 	}
-	warnings, err := warningsOn(ctx, c, userNamespace)
-	if err != nil {
-		return nil, err
+	r.quiesce(ctx)
+	if pprof != nil {
+		if err := pprof.finish(ctx); err != nil {
+			fmt.Fprintf(r.o.Log, "  warning: profiling the controller: %v\n", err)
+		}
 	}
-	var vmResult *VMResult
-	if sc.vms() {
-		vmResult, err = settleVMs(ctx, c, cloud, sc, chk, func() map[string]time.Time {
-			mu.Lock()
-			defer mu.Unlock()
-			return maps.Clone(secretAt)
+	return from, start, nil
+}
+
+// incomplete records why a phase ended short, when it did: the controller died, or err (the
+// wait's) says what. It tells whether the phase ended short.
+func (r *run) incomplete(res *Result, err error, what string) bool {
+	if how, dead := r.ctrl.died(); dead {
+		res.Incomplete = fmt.Sprintf("the controller ended on its own (%s); see its log %s", how, r.ctrl.logPath)
+		return true
+	}
+	if err == nil {
+		return false
+	}
+	res.Incomplete = fmt.Sprintf("%s (controller log: %s)", what, r.ctrl.logPath)
+	return true
+}
+
+// quiesce lets the controller finish its cleanups, so that their writes count too: it waits
+// until the audit log of its writes has not grown for quietFor, at most quietLimit.
+func (r *run) quiesce(ctx context.Context) {
+	var size int64 = -1
+	since := time.Now()
+	_ = poll(ctx, quietLimit, 100*time.Millisecond, func() bool {
+		st, err := os.Stat(r.auditPath)
+		if err != nil {
+			return false
+		}
+		if st.Size() != size {
+			size, since = st.Size(), time.Now()
+		}
+		return time.Since(since) >= quietFor
+	})
+}
+
+// createTask creates a user TaskRun and records it, among the measured tasks or not.
+func (r *run) createTask(ctx context.Context, tr *pipelinev1.TaskRun, measured bool) error {
+	at := time.Now()
+	if err := r.c.Create(ctx, tr); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if measured {
+		r.created[tr.Name] = at
+	}
+	r.owners.addTask(tr.Name, string(tr.UID))
+	return nil
+}
+
+// report fills in what the run measured.
+func (r *run) report(ctx context.Context, res *Result, from, start time.Time) error {
+	usage := r.ctrl.usage()
+	res.PeakRSSMiB, res.CPUSeconds, res.ControllerKills = usage.peakRSSMiB, usage.cpuSeconds, r.ctrl.killCount()
+	var err error
+	if res.UserWarnings, err = warningsOn(ctx, r.c, userNamespace); err != nil {
+		return err
+	}
+	if r.sc.vms() {
+		res.VMResult, err = settleVMs(ctx, r.c, r.cloud, r.sc, r.chk, func() map[string]time.Time {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return maps.Clone(r.secretAt)
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
+	res.HandOver, res.Violations = r.chk.result()
 
-	mu.Lock()
-	defer mu.Unlock()
-	overSSH := answers.provisions.Load()
-	if sc.vms() && sim.Provisions() == 0 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	overSSH := r.answers.provisions.Load()
+	if r.sc.vms() && r.sim.Provisions() == 0 {
 		// The VMs are real hosts the harness does not listen to: with no provision TaskRun
 		// seen, the controller made the build users over SSH itself.
-		overSSH = int64(len(secretAt))
+		overSSH = int64(len(r.secretAt))
 	}
-	res := &Result{Controller: controllerCmd, Scenario: sc.Name, Tasks: sc.Tasks, PeakRSSMiB: usage.peakRSSMiB, CPUSeconds: usage.cpuSeconds,
-		Provisioner: provisionerSeen(overSSH, sim.Provisions()), ControllerKills: ctrl.killCount(), UserWarnings: warnings, VMResult: vmResult}
-	var latencies []time.Duration
-	var lastSecret, lastDone time.Time
-	for task, created := range createdAt {
-		s, ok := secretAt[task]
-		if !ok {
-			continue
+	res.Provisioner = provisionerSeen(overSSH, r.sim.Provisions())
+	var first time.Time
+	for _, at := range []map[string]time.Time{r.secretAt, r.errorAt} {
+		for _, t := range at {
+			if first.IsZero() || t.Before(first) {
+				first = t
+			}
 		}
-		res.Served++
-		latencies = append(latencies, s.Sub(created))
-		lastSecret = maxTime(lastSecret, s)
-		lastDone = maxTime(lastDone, doneAt[task])
+	}
+	if !first.IsZero() {
+		res.FirstSecretSeconds = first.Sub(r.ctrl.startedAt).Seconds()
+	}
+
+	res.Timeline = Timeline{Start: start}
+	waited := map[string]bool{}
+	everWaited := r.chk.waitedTasks()
+	var latencies []time.Duration
+	var lastSecret time.Time
+	for task, created := range r.created {
+		t := TaskTimes{Created: created, Secret: r.secretAt[task], Done: r.doneAt[task]}
+		if e, ok := r.errorAt[task]; ok {
+			t.Secret, t.Error = e, true
+			res.ErrorSecrets++
+		} else if !t.Secret.IsZero() {
+			res.Served++
+			latencies = append(latencies, t.Secret.Sub(created))
+			lastSecret = maxTime(lastSecret, t.Secret)
+		}
+		if !t.Done.IsZero() {
+			waited[task] = everWaited[task]
+			res.MakespanSeconds = max(res.MakespanSeconds, t.Done.Sub(start).Seconds())
+		}
+		res.Timeline.Tasks = append(res.Timeline.Tasks, t)
 	}
 	res.SecretLatency = percentiles(latencies)
-	res.HandOver, res.Violations = chk.result()
-	res.MakespanSeconds = lastDone.Sub(start).Seconds()
 	if d := lastSecret.Sub(start).Seconds(); d > 0 {
 		res.AllocationsPerSec = float64(res.Served) / d
 	}
-	others := (sim.Writes() - simBefore) + (harnessWrites.Load() - harnessBefore)
+	res.SlotUtilisation = res.Timeline.slotUtilisation(r.sc.slots())
+
+	if from.IsZero() {
+		// The measured part never began: writes were made, but to none of its tasks.
+		return nil
+	}
+	tally := newWriteTally(r.owners, from, waited)
+	if err := controlplane.ReadAuditLog(r.auditPath, func(ev *auditv1.Event) {
+		if ev.User.Username == controllerUser {
+			tally.add(ev)
+		}
+	}); err != nil {
+		return fmt.Errorf("reading the controller's writes from the audit log: %w", err)
+	}
 	if res.Served > 0 {
-		res.WritesPerAllocation = float64(writesAfter-writesBefore-others) / float64(res.Served)
+		res.WritesPerAllocation = float64(tally.total) / float64(res.Served)
 	}
-	if chaosErr != nil {
-		return res, fmt.Errorf("restarting the killed controller: %w (controller log: %s)", chaosErr, ctrl.logPath)
+	res.WritesPerTaskNoWait, res.WritesPerTaskWaited, res.TasksWaited = tally.perTaskAverages()
+	res.WritesOutsideTasks, res.WritesByKind, res.EventsWritten = tally.outside, tally.kinds(), tally.events
+	if res.Incomplete == "" && res.Served == 0 {
+		res.Incomplete = fmt.Sprintf("the controller served no task (controller log: %s)", r.ctrl.logPath)
 	}
-	if waitErr != nil {
-		return res, fmt.Errorf("%d of %d tasks finished in %s (controller log: %s)", len(doneAt)-1, sc.Tasks, timeout, ctrl.logPath)
-	}
-	if res.Served == 0 {
-		return res, fmt.Errorf("the controller served no task (controller log: %s)", ctrl.logPath)
-	}
-	return res, nil
+	return nil
 }
 
 // provisionerSeen names how the controller reached the hosts, from what the simulation saw:
@@ -368,55 +436,66 @@ func provisionerSeen(overSSH, byTaskRun int64) string {
 	return "none"
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
-
 // setUp writes the scenario's config, host admin secret (also the VMs' admin key), the VM
-// cloud's API key and unrelated TaskRuns.
-func setUp(ctx context.Context, cp *controlplane.ControlPlane, c client.Client, sc Scenario, hosts *sshfake.Fleet, cloud *vmcloud.Cloud, cloudKey string, writes *atomic.Int64, log io.Writer) error {
-	for _, ns := range []string{controllerNamespace, userNamespace, "unrelated"} {
-		if err := cp.EnsureNamespace(ctx, ns); err != nil {
+// cloud's API key and unrelated TaskRuns. Both the upstream controller and berth read this
+// config: hosts are named by bare IPs, their admin secret's name names the architecture and
+// the secret carries the multi-platform-secret label, concurrency is at most 8.
+func (r *run) setUp(ctx context.Context, hosts *sshfake.Fleet, cloudKey string) error {
+	for _, ns := range []string{controllerNamespace, userNamespace, unrelatedNamespace} {
+		if err := r.cp.EnsureNamespace(ctx, ns); err != nil {
 			return err
 		}
 	}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: adminSecret, Namespace: controllerNamespace},
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: adminSecret, Namespace: controllerNamespace,
+		Labels: map[string]string{contract.SecretLabel: "true"}},
 		Data: map[string][]byte{"id_rsa": hosts.AdminKeyPEM}}
-	data := map[string]string{}
-	for i, h := range hosts.Servers {
-		p := fmt.Sprintf("host.bench-%03d.", i)
-		data[p+"address"] = h.Address
-		data[p+"host-key"] = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(h.HostKey)))
-		data[p+"user"] = "root"
-		data[p+"platform"] = benchPlatform
-		data[p+"secret"] = adminSecret
-		data[p+"concurrency"] = strconv.Itoa(sc.Concurrency)
-	}
+	data := hostConfig(hosts, r.sc.Concurrency)
 	objects := []client.Object{secret}
-	if cloud != nil {
-		addVMPlatform(data, sc, cloud.URL())
+	if r.cloud != nil {
+		addVMPlatform(data, r.sc, r.cloud.URL())
 		objects = append(objects, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: cloudSecret, Namespace: controllerNamespace},
 			Data: map[string][]byte{"api-key": []byte(cloudKey)}})
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "host-config", Namespace: controllerNamespace,
 		Labels: map[string]string{contract.ConfigLabel: "hosts"}}, Data: data}
 	for _, o := range append(objects, cm) {
-		if err := c.Create(ctx, o); err != nil {
+		if err := r.c.Create(ctx, o); err != nil {
 			return err
 		}
 	}
-	if sc.Unrelated > 0 {
-		fmt.Fprintf(log, "%s: creating %d unrelated TaskRuns\n", sc.Name, sc.Unrelated)
+	if r.sc.Unrelated == 0 {
+		return nil
 	}
-	return parallel(sc.Unrelated, 16, func(i int) error {
-		tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("unrelated-%05d", i), Namespace: "unrelated"},
+	began := time.Now()
+	var made atomic.Int64
+	err := parallel(r.sc.Unrelated, 32, func(i int) error {
+		tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("unrelated-%06d", i), Namespace: unrelatedNamespace},
 			Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "lint", Image: "golang", Script: "go vet ./..."}}}}}
-		writes.Add(1)
-		return c.Create(ctx, tr)
+		if err := r.c.Create(ctx, tr); err != nil {
+			return err
+		}
+		if n := made.Add(1); n%20000 == 0 && int(n) < r.sc.Unrelated {
+			fmt.Fprintf(r.o.Log, "  %d of %d unrelated TaskRuns created\n", n, r.sc.Unrelated)
+		}
+		return nil
 	})
+	fmt.Fprintf(r.o.Log, "  %d unrelated TaskRuns created in %s\n", made.Load(), time.Since(began).Round(time.Second))
+	return err
+}
+
+// hostConfig is the config of the simulated hosts: host.s390x-NNN.* of linux/s390x.
+func hostConfig(hosts *sshfake.Fleet, concurrency int) map[string]string {
+	data := map[string]string{}
+	for i, h := range hosts.Servers {
+		p := fmt.Sprintf("host.s390x-%03d.", i)
+		data[p+"address"] = configAddress(h.Address)
+		data[p+"host-key"] = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(h.HostKey)))
+		data[p+"user"] = "root"
+		data[p+"platform"] = benchPlatform
+		data[p+"secret"] = adminSecret
+		data[p+"concurrency"] = strconv.Itoa(concurrency)
+	}
+	return data
 }
 
 // userTask is a user TaskRun as buildah-remote makes it.
@@ -448,131 +527,6 @@ func warningsOn(ctx context.Context, c client.Client, namespace string) (map[str
 		}
 	}
 	return out, nil
-}
-
-// apiWrites is the apiserver's own count of mutating requests so far.
-func apiWrites(ctx context.Context, cp *controlplane.ControlPlane) (int64, error) {
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		return 0, err
-	}
-	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("reading the apiserver's metrics: %w", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		return 0, err
-	}
-	var total float64
-	for _, m := range families["apiserver_request_total"].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "verb" && slices.Contains([]string{"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}, l.GetValue()) {
-				total += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return int64(total), nil
-}
-
-// hostChecker sees, from a watch, how many tasks hold each host and how long a freed slot
-// stays empty while tasks wait.
-type hostChecker struct {
-	mu         sync.Mutex
-	capacity   int
-	hostOf     map[string]string
-	count      map[string]int
-	freed      map[string][]time.Time
-	handOvers  []time.Duration
-	violations int
-	// tasksOn lists the tasks each host was ever assigned, in order, each once.
-	tasksOn map[string][]string
-}
-
-func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity int, waiting func() int) (*hostChecker, error) {
-	informers, err := cache.New(cfg, cache.Options{Scheme: c.Scheme(), DefaultNamespaces: map[string]cache.Config{userNamespace: {}}})
-	if err != nil {
-		return nil, err
-	}
-	inf, err := informers.GetInformer(ctx, &pipelinev1.TaskRun{})
-	if err != nil {
-		return nil, err
-	}
-	h := newHostChecker(capacity)
-	seen := func(obj any) {
-		if tr, ok := obj.(*pipelinev1.TaskRun); ok {
-			h.observe(tr.Name, tr.Labels[contract.AssignedHostLabel], waiting())
-		}
-	}
-	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    seen,
-		UpdateFunc: func(_, obj any) { seen(obj) },
-		DeleteFunc: func(obj any) {
-			if tr, ok := obj.(*pipelinev1.TaskRun); ok {
-				h.observe(tr.Name, "", waiting())
-			}
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	go func() { _ = informers.Start(ctx) }()
-	if !informers.WaitForCacheSync(ctx) {
-		return nil, fmt.Errorf("the checker's informer did not sync")
-	}
-	return h, nil
-}
-
-func newHostChecker(capacity int) *hostChecker {
-	return &hostChecker{capacity: capacity, hostOf: map[string]string{}, count: map[string]int{}, freed: map[string][]time.Time{}, tasksOn: map[string][]string{}}
-}
-
-func (h *hostChecker) observe(task, host string, waiting int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	prev := h.hostOf[task]
-	if prev == host {
-		return
-	}
-	now := time.Now()
-	if prev != "" {
-		h.count[prev]--
-		if waiting > 0 {
-			h.freed[prev] = append(h.freed[prev], now)
-		}
-	}
-	h.hostOf[task] = host
-	if host != "" {
-		h.count[host]++
-		if !slices.Contains(h.tasksOn[host], task) {
-			h.tasksOn[host] = append(h.tasksOn[host], task)
-		}
-		if h.count[host] > h.capacity {
-			h.violations++
-		}
-		if q := h.freed[host]; len(q) > 0 {
-			h.handOvers = append(h.handOvers, now.Sub(q[0]))
-			h.freed[host] = q[1:]
-		}
-	}
-}
-
-// assignments is a copy of the tasks each host was assigned.
-func (h *hostChecker) assignments() map[string][]string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make(map[string][]string, len(h.tasksOn))
-	for host, tasks := range h.tasksOn {
-		out[host] = slices.Clone(tasks)
-	}
-	return out
-}
-
-func (h *hostChecker) result() (Percentiles, int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return percentiles(append([]time.Duration(nil), h.handOvers...)), h.violations
 }
 
 func waitFor(ctx context.Context, limit time.Duration, cond func() bool) error {

@@ -29,18 +29,25 @@ import (
 // TaskRuns (status.taskSpec with the multi-platform-ssh-<name> volume), completes a provision
 // TaskRun by creating the secret its SECRET_NAME param names in NAMESPACE with
 // host=USER@HOST, completes clean and update TaskRuns, and completes a user TaskRun a while
-// after its secret appears. It creates no pods and runs nothing, so the API writes it causes
-// are few and counted (Writes).
+// after its secret appears with a host, or at once as failed when the secret carries an error
+// (as the task's step would, reading it). It creates no pods and runs nothing, so the API
+// writes it causes are few and counted (Writes).
 type Tekton struct {
 	Client client.Client
-	// Namespace holds the user TaskRuns; internal TaskRuns may be anywhere.
-	Namespace string
+	// Namespace holds the user TaskRuns, ControllerNamespace the internal ones (provision,
+	// clean, update). TaskRuns of other namespaces are no concern of the simulation's.
+	Namespace, ControllerNamespace string
 	// Duration draws how long a user task runs once it has its secret.
 	Duration func() time.Duration
 	// OnSecret is told when a user task's secret appears (for latency measurements).
 	OnSecret func(task string, at time.Time)
-	// OnDone is told when a user task completes.
+	// OnError is told when a user task's secret appears with an error instead of a host.
+	OnError func(task string, at time.Time)
+	// OnDone is told when a user task completes, successfully or not.
 	OnDone func(task string, at time.Time)
+	// OnInternal is told the name of each internal TaskRun that names its user task (label
+	// user-task-name), and that task's name.
+	OnInternal func(name, task string)
 
 	writes     atomic.Int64
 	provisions atomic.Int64
@@ -59,7 +66,10 @@ func (t *Tekton) Writes() int64 { return t.writes.Load() }
 func (t *Tekton) Run(ctx context.Context, cfg *rest.Config) error {
 	t.seen = map[string]bool{}
 	informers, err := cache.New(cfg, cache.Options{Scheme: t.Client.Scheme(),
-		ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Namespaces: map[string]cache.Config{t.Namespace: {}}}}})
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:      {Namespaces: map[string]cache.Config{t.Namespace: {}}},
+			&pipelinev1.TaskRun{}: {Namespaces: map[string]cache.Config{t.Namespace: {}, t.ControllerNamespace: {}}},
+		}})
 	if err != nil {
 		return err
 	}
@@ -103,6 +113,9 @@ func (t *Tekton) once(key string) bool {
 }
 
 func (t *Tekton) onTaskRun(ctx context.Context, tr *pipelinev1.TaskRun) {
+	if task := tr.Labels[contract.UserTaskNameLabel]; task != "" && tr.Labels[contract.TaskTypeLabel] != "" && t.OnInternal != nil && t.once("internal/"+string(tr.UID)) {
+		t.OnInternal(tr.Name, task)
+	}
 	if tr.IsDone() {
 		return
 	}
@@ -117,7 +130,7 @@ func (t *Tekton) onTaskRun(ctx context.Context, tr *pipelinev1.TaskRun) {
 		}
 	default: // clean, update: succeed
 		if t.once("done/" + string(tr.UID)) {
-			go t.complete(ctx, tr.DeepCopy(), map[string]string{"healthy": "true", "reason": ""})
+			go t.complete(ctx, tr.DeepCopy(), succeeded, map[string]string{"healthy": "true", "reason": ""})
 		}
 	}
 }
@@ -144,7 +157,7 @@ func (t *Tekton) provision(ctx context.Context, tr *pipelinev1.TaskRun) {
 		p[param.Name] = param.Value.StringVal
 	}
 	if user := p["USER_NAME"]; user != "" && p["SECRET_NAME"] == "" {
-		t.complete(ctx, tr, map[string]string{"user-dir": "/home/" + user + "/build"})
+		t.complete(ctx, tr, succeeded, map[string]string{"user-dir": "/home/" + user + "/build"})
 		return
 	}
 	var user pipelinev1.TaskRun
@@ -160,42 +173,63 @@ func (t *Tekton) provision(ctx context.Context, tr *pipelinev1.TaskRun) {
 			return
 		}
 	}
-	t.complete(ctx, tr, nil)
+	t.complete(ctx, tr, succeeded, nil)
 }
 
 func (t *Tekton) onSecret(ctx context.Context, s *corev1.Secret) {
 	name := s.Name[len(contract.SecretPrefix):]
-	if len(s.Data["host"]) == 0 || !t.once("run/"+s.Namespace+"/"+name) {
+	hasHost, hasError := len(s.Data["host"]) > 0, len(s.Data["error"]) > 0
+	if !(hasHost || hasError) || !t.once("run/"+s.Namespace+"/"+name) {
 		return
 	}
-	if t.OnSecret != nil {
-		t.OnSecret(name, time.Now())
+	run, outcome := t.Duration(), succeeded
+	if hasHost {
+		if t.OnSecret != nil {
+			t.OnSecret(name, time.Now())
+		}
+	} else {
+		if t.OnError != nil {
+			t.OnError(name, time.Now())
+		}
+		run, outcome = 0, failed
 	}
 	go func() {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(t.Duration()):
+		case <-time.After(run):
 		}
 		var tr pipelinev1.TaskRun
 		if err := t.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: name}, &tr); err != nil {
 			return
 		}
-		t.complete(ctx, &tr, nil)
+		t.complete(ctx, &tr, outcome, nil)
 		if t.OnDone != nil {
 			t.OnDone(name, time.Now())
 		}
 	}()
 }
 
-func (t *Tekton) complete(ctx context.Context, tr *pipelinev1.TaskRun, results map[string]string) {
+// outcome is how a simulated TaskRun ends.
+type outcome bool
+
+const (
+	succeeded outcome = true
+	failed    outcome = false
+)
+
+func (t *Tekton) complete(ctx context.Context, tr *pipelinev1.TaskRun, how outcome, results map[string]string) {
 	t.updateStatus(ctx, tr, func(tr *pipelinev1.TaskRun) {
 		now := metav1.Now()
 		for k, v := range results {
 			tr.Status.Results = append(tr.Status.Results, pipelinev1.TaskRunResult{Name: k, Type: pipelinev1.ResultsTypeString, Value: *pipelinev1.NewStructuredValues(v)})
 		}
 		tr.Status.CompletionTime = &now
-		tr.Status.SetCondition(&apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue, Reason: "Succeeded"})
+		cond := apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue, Reason: "Succeeded"}
+		if how == failed {
+			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, "Failed", "the step found an error in its multi-platform secret"
+		}
+		tr.Status.SetCondition(&cond)
 	})
 }
 

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -18,9 +20,23 @@ import (
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
 
-var cp *controlplane.ControlPlane
+var (
+	cp           *controlplane.ControlPlane
+	auditLogPath string
+)
 
-func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
+// TestMain starts the package's control plane with the bench's audit log of the controller's
+// user.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "berth-bench-test-")
+	if err != nil {
+		panic(err)
+	}
+	auditLogPath = filepath.Join(dir, "audit.log")
+	code := controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithAuditLog(auditLogPath, controllerUser)})
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -45,10 +61,13 @@ func TestSimulatedTektonKeepsTheContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	secretAt, doneAt := map[string]time.Time{}, map[string]time.Time{}
-	sim := &Tekton{Client: c, Namespace: userNamespace, Duration: Uniform(300*time.Millisecond, 300*time.Millisecond),
-		OnSecret: func(task string, at time.Time) { mu.Lock(); secretAt[task] = at; mu.Unlock() },
-		OnDone:   func(task string, at time.Time) { mu.Lock(); doneAt[task] = at; mu.Unlock() }}
+	secretAt, errorAt, doneAt := map[string]time.Time{}, map[string]time.Time{}, map[string]time.Time{}
+	internalOf := map[string]string{}
+	sim := &Tekton{Client: c, Namespace: userNamespace, ControllerNamespace: controllerNamespace, Duration: Uniform(300*time.Millisecond, 300*time.Millisecond),
+		OnSecret:   func(task string, at time.Time) { mu.Lock(); secretAt[task] = at; mu.Unlock() },
+		OnError:    func(task string, at time.Time) { mu.Lock(); errorAt[task] = at; mu.Unlock() },
+		OnDone:     func(task string, at time.Time) { mu.Lock(); doneAt[task] = at; mu.Unlock() },
+		OnInternal: func(name, task string) { mu.Lock(); internalOf[name] = task; mu.Unlock() }}
 	go func() { _ = sim.Run(ctx, cp.Config) }()
 	time.Sleep(200 * time.Millisecond) // the watches start
 
@@ -66,7 +85,7 @@ func TestSimulatedTektonKeepsTheContract(t *testing.T) {
 
 	internal := func(name, taskType string, params ...string) *pipelinev1.TaskRun {
 		tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: controllerNamespace,
-			Labels: map[string]string{contract.TaskTypeLabel: taskType}},
+			Labels: map[string]string{contract.TaskTypeLabel: taskType, contract.UserTaskNameLabel: "build"}},
 			Spec: pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "any-task-name"}}}
 		for i := 0; i < len(params); i += 2 {
 			tr.Spec.Params = append(tr.Spec.Params, pipelinev1.Param{Name: params[i], Value: *pipelinev1.NewStructuredValues(params[i+1])})
@@ -104,6 +123,31 @@ func TestSimulatedTektonKeepsTheContract(t *testing.T) {
 		tr := internal(tt+"-1", tt)
 		eventually(t, tt+" succeeds", func() bool { return get(tr) == nil && tr.IsSuccessful() })
 	}
+	mu.Lock()
+	if want := map[string]string{"provision-1": "build", "clean-1": "build", "update-1": "build"}; !maps.Equal(internalOf, want) {
+		t.Errorf("internal TaskRuns told: %v, want %v", internalOf, want)
+	}
+	mu.Unlock()
+
+	// A secret with an error instead of a host fails its task at once, as its step would.
+	broken := userTask("broken")
+	if err := c.Create(ctx, broken); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the broken TaskRun is resolved", func() bool { return get(broken) == nil && broken.Status.TaskSpec != nil })
+	errSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "multi-platform-ssh-broken", Namespace: userNamespace,
+		Labels: map[string]string{contract.SecretLabel: "true"}}, Data: map[string][]byte{"error": []byte("no host for you")}}
+	if err := c.Create(ctx, errSecret); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the task with an error secret fails", func() bool {
+		return get(broken) == nil && broken.IsDone() && !broken.IsSuccessful()
+	})
+	mu.Lock()
+	if errorAt["broken"].IsZero() || !secretAt["broken"].IsZero() || doneAt["broken"].IsZero() {
+		t.Errorf("error secret at %v, host secret at %v, done at %v; want an error secret and done, no host", errorAt["broken"], secretAt["broken"], doneAt["broken"])
+	}
+	mu.Unlock()
 	if sim.Writes() < 5 {
 		t.Fatalf("the simulation counted %d writes; it made at least 5", sim.Writes())
 	}

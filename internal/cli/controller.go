@@ -41,6 +41,7 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.Namespace, "namespace", o.Namespace, "the controller's namespace: config, admin secrets, internal TaskRuns (default $POD_NAMESPACE)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "address of the Prometheus metrics endpoint; 0 disables it")
 	f.StringVar(&o.HealthProbeAddress, "health-probe-bind-address", o.HealthProbeAddress, "address of /healthz and /readyz; 0 disables them")
+	f.StringVar(&o.PprofAddress, "pprof-bind-address", o.PprofAddress, "address of Go's profiler endpoints (/debug/pprof/), for finding where time and memory go; empty or 0 disables them")
 	f.BoolVar(&o.LeaderElection, "leader-elect", o.LeaderElection, "elect a leader, so that several replicas are safe")
 	f.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader election lease")
 	f.IntVar(&o.ConcurrentReconciles, "concurrent-reconciles", o.ConcurrentReconciles, "TaskRuns reconciled in parallel")

@@ -44,6 +44,7 @@ type Options struct {
 	Namespace            string
 	MetricsAddress       string // "0" disables
 	HealthProbeAddress   string // "0" disables
+	PprofAddress         string // net/http/pprof's /debug/pprof/; "" or "0" disables
 	LeaderElection       bool
 	LeaderElectionID     string
 	ConcurrentReconciles int
@@ -181,6 +182,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Cache:                   taskrun.CacheOptions(o.Namespace),
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
 		HealthProbeBindAddress:  o.HealthProbeAddress,
+		PprofBindAddress:        o.PprofAddress,
 		LeaderElection:          o.LeaderElection,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: o.Namespace,

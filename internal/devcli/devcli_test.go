@@ -102,3 +102,24 @@ func TestOutcome(t *testing.T) {
 		})
 	}
 }
+
+// The bench refuses, before it starts anything, what it cannot do: profile a controller it
+// did not start, or run a scenario it does not know.
+func TestBenchRefusesWhatItCannotDo(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--controller", "/bin/true", "--pprof", t.TempDir()}, "leave out --controller"},
+		{[]string{"--scenario", "huge", "--log-dir", t.TempDir()}, "unknown scenario"},
+		{[]string{"--scale", "0", "--log-dir", t.TempDir()}, "want more than 0"},
+	} {
+		cmd := NewRootCommand()
+		cmd.SetArgs(append([]string{"bench"}, tc.args...))
+		cmd.SetOut(&strings.Builder{})
+		cmd.SetErr(&strings.Builder{})
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bench %v: %v; want an error saying %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -62,6 +62,8 @@ type options struct {
 	withoutDefaultCRDs      bool
 	crdDirs                 []string
 	logDir                  string
+	auditLog                string
+	auditUsers              []string
 }
 
 // WithoutGarbageCollector starts no kube-controller-manager, as on a bare apiserver: owner
@@ -133,6 +135,14 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		}
 		env.ControlPlane.Etcd.Out, env.ControlPlane.Etcd.Err = outputs[0].w, outputs[0].w
 		env.ControlPlane.APIServer = &envtest.APIServer{Out: outputs[1].w, Err: outputs[1].w}
+	}
+	if o.auditLog != "" {
+		if env.ControlPlane.APIServer == nil {
+			env.ControlPlane.APIServer = &envtest.APIServer{}
+		}
+		if err := configureAudit(env.ControlPlane.APIServer, o.auditLog, o.auditUsers); err != nil {
+			return nil, fmt.Errorf("configuring the audit log: %w", err)
+		}
 	}
 	cfg, err := env.Start()
 	for _, out := range outputs {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 
 	"golang.org/x/crypto/ssh"
@@ -54,6 +55,13 @@ type Server struct {
 
 // Start listens on a free loopback port and accepts user logins with the key authorized.
 func Start(authorized ssh.PublicKey, handler Handler) (*Server, error) {
+	return StartAt("127.0.0.1:0", authorized, handler)
+}
+
+// StartAt is Start listening on addr (host:port, port 0 for a free one): a host of its own
+// loopback address (any of 127.0.0.0/8) on port 22 is reached by its bare IP, as a config
+// that takes no port names it.
+func StartAt(addr string, authorized ssh.PublicKey, handler Handler) (*Server, error) {
 	signer, _, err := newKey()
 	if err != nil {
 		return nil, err
@@ -68,7 +76,7 @@ func Start(authorized ssh.PublicKey, handler Handler) (*Server, error) {
 		},
 	}
 	config.AddHostKey(signer)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -213,18 +221,23 @@ type Fleet struct {
 	AdminKeyPEM []byte
 }
 
-// StartFleet starts n fake hosts.
+// StartFleet starts n fake hosts on free loopback ports.
 func StartFleet(n int, handler Handler) (*Fleet, error) {
+	return StartFleetAt(slices.Repeat([]string{"127.0.0.1:0"}, n), handler)
+}
+
+// StartFleetAt starts a fake host listening on each address (see StartAt).
+func StartFleetAt(addrs []string, handler Handler) (*Fleet, error) {
 	signer, pemKey, err := newKey()
 	if err != nil {
 		return nil, err
 	}
 	f := &Fleet{AdminKey: signer, AdminKeyPEM: pemKey}
-	for range n {
-		s, err := Start(signer.PublicKey(), handler)
+	for _, addr := range addrs {
+		s, err := StartAt(addr, signer.PublicKey(), handler)
 		if err != nil {
 			f.Close()
-			return nil, fmt.Errorf("starting fake host %d of %d: %w", len(f.Servers)+1, n, err)
+			return nil, fmt.Errorf("starting fake host %d of %d: %w", len(f.Servers)+1, len(addrs), err)
 		}
 		f.Servers = append(f.Servers, s)
 	}
