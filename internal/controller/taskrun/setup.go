@@ -8,6 +8,7 @@ import (
 	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
@@ -136,7 +137,11 @@ func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {
 // TaskRun whole: see patchMirrors.
 func CacheOptions(namespace string) cache.Options {
 	byObject := hostconfig.CacheByObject(namespace)
-	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel))}
+	// Task secrets live in tenants' namespaces. Admin key secrets in the controller's own may
+	// carry the same label (the controller berth replaces requires it on them), and an admin
+	// key is never held in memory longer than one host job: the field selector leaves them out.
+	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel)),
+		Field: fields.OneTermNotEqualSelector("metadata.namespace", namespace)}
 	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: func(obj any) (any, error) {
 		if tr, ok := obj.(*pipelinev1.TaskRun); ok && tr.Namespace == namespace && tr.Labels[contract.TaskTypeLabel] != "" {
 			return stripInternalTaskRun(tr), nil
