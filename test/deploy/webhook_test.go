@@ -86,19 +86,16 @@ func TestWebhookPartsFitTogether(t *testing.T) {
 	tlsSecret := pod.Volumes[v].Secret.SecretName
 
 	cm := render(t, certManagerDir)
-	var certificates []*unstructured.Unstructured
-	for _, o := range cm {
-		if o.GetKind() == "Certificate" {
-			certificates = append(certificates, o)
-		}
+	// The webhook's Certificate is the one the configuration takes its CA from (the OTP key
+	// server's are beside it).
+	from := cfg.Annotations["cert-manager.io/inject-ca-from"]
+	c := slices.IndexFunc(cm, func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "Certificate" && o.GetNamespace()+"/"+o.GetName() == from
+	})
+	if c < 0 {
+		t.Fatalf("the webhook configuration takes its CA from %q, which is no Certificate of %s", from, certManagerDir)
 	}
-	if len(certificates) != 1 {
-		t.Fatalf("%s has %d Certificates, want the webhook's", certManagerDir, len(certificates))
-	}
-	cert := certificates[0]
-	if got, want := cfg.Annotations["cert-manager.io/inject-ca-from"], cert.GetNamespace()+"/"+cert.GetName(); got != want {
-		t.Errorf("the webhook configuration takes its CA from %q, not from the Certificate %s", got, want)
-	}
+	cert := cm[c]
 	if got, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName"); got != tlsSecret {
 		t.Errorf("Certificate %s is kept in Secret %q; the controller mounts %q", cert.GetName(), got, tlsSecret)
 	}
