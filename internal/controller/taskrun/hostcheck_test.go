@@ -27,8 +27,9 @@ func controllerEvent(reason, text string) (bool, error) {
 	return false, nil
 }
 
-// gauge reads a metric of the controller running in this process.
-func gauge(name, label, value string) float64 {
+// metricValue reads a counter or gauge of the controller running in this process; 0 before
+// it is first set.
+func metricValue(name, label, value string) float64 {
 	families, _ := metrics.Registry.Gather()
 	for _, f := range families {
 		if f.GetName() != name {
@@ -37,7 +38,7 @@ func gauge(name, label, value string) float64 {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					return m.GetGauge().GetValue()
+					return m.GetGauge().GetValue() + m.GetCounter().GetValue() // a metric is one or the other
 				}
 			}
 		}
@@ -61,16 +62,16 @@ func TestFailedHealthCheckQuarantinesTheHostUntilOnePasses(t *testing.T) {
 	}
 	eventually(t, sick.Name+" is quarantined", func() (bool, error) {
 		ok, err := controllerEvent("HostQuarantined", "host "+sick.Name+" takes no new builds until a check passes: host "+sick.Address+" is unreachable")
-		return ok && gauge("berth_host_quarantined", "host", sick.Name) == 1, err
+		return ok && metricValue("berth_host_quarantined", "host", sick.Name) == 1, err
 	})
 	restartController(t, controllerOptions()) // no checks
 	if err := sick.Restore(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the restarted controller knows "+sick.Name+" is quarantined", func() (bool, error) {
-		return gauge("berth_host_quarantined", "host", sick.Name) == 1, nil
+		return metricValue("berth_host_quarantined", "host", sick.Name) == 1, nil
 	})
-	if got := gauge("berth_host_slots_capacity", "host", sick.Name); got != 0 {
+	if got := metricValue("berth_host_slots_capacity", "host", sick.Name); got != 0 {
 		t.Errorf("a quarantined host reports capacity %v, want 0", got)
 	}
 
@@ -107,7 +108,7 @@ func TestFailedHealthCheckQuarantinesTheHostUntilOnePasses(t *testing.T) {
 	restartController(t, o) // checks again
 	eventually(t, sick.Name+" is back in service", func() (bool, error) {
 		ok, err := controllerEvent("HostHealthy", "host "+sick.Name+" passed its check")
-		return ok && gauge("berth_host_quarantined", "host", sick.Name) == 0, err
+		return ok && metricValue("berth_host_quarantined", "host", sick.Name) == 0, err
 	})
 	settled(t, ns)
 }

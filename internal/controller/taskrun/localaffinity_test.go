@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
@@ -189,7 +188,7 @@ func TestWithoutTheWebhookLocalTasksGetAnError(t *testing.T) {
 	noWebhook.WebhookPort = 0
 	restartController(t, noWebhook)
 	defer restartController(t, controllerOptions())
-	before := counter("berth_local_affinity_missing_total", "platform", "linux/x86_64")
+	before := metricValue("berth_local_affinity_missing_total", "platform", "linux/x86_64")
 
 	unpinned := create(t, userTaskRun(ns, "unpinned", "linux/x86_64", ""))
 	// The tenant's own attempt: amd64 is allowed, and so is arm64.
@@ -213,7 +212,7 @@ func TestWithoutTheWebhookLocalTasksGetAnError(t *testing.T) {
 			return warnedOn(tr, "LocalAffinityMissing")
 		})
 	}
-	if got := counter("berth_local_affinity_missing_total", "platform", "linux/x86_64"); got != before+3 {
+	if got := metricValue("berth_local_affinity_missing_total", "platform", "linux/x86_64"); got != before+3 {
 		t.Errorf("berth_local_affinity_missing_total{platform=linux/x86_64} = %v, want %v", got, before+3)
 	}
 
@@ -249,23 +248,4 @@ func warnedOn(tr *pipelinev1.TaskRun, reason string) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-// counter reads a counter of the controller running in this process; 0 before its first
-// increment.
-func counter(name, label, value string) float64 {
-	families, _ := metrics.Registry.Gather()
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
