@@ -165,3 +165,11 @@ func (p *controllerProcess) stop() {
 		<-p.exited
 	}
 }
+
+// BerthController is the command line that runs berth's controller from binary (berth or
+// berth-dev) the way the bench measures it: no metrics, probes or host checks, and no
+// admission webhook, since no scenario has a local platform and the bench's control plane
+// calls no webhook. provisioner is ssh or taskrun.
+func BerthController(binary, provisioner string) string {
+	return binary + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --webhook-port=0 --host-check-interval=0 --provisioner=" + provisioner
+}

@@ -64,7 +64,7 @@ func TestQuickBench(t *testing.T) {
 		if q.dir, err = os.MkdirTemp("", "berth-quick-bench-"); err != nil {
 			t.Fatal(err)
 		}
-		q.o = Options{Controller: berthDev + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --host-check-interval=0",
+		q.o = Options{Controller: BerthController(berthDev, "ssh"),
 			LogDir: filepath.Join(q.dir, "logs"), Log: testWriter{t}}
 		if name == "static" {
 			addr, err := FreeLoopbackAddress()

@@ -126,13 +126,12 @@ The command fails when any run was incomplete, after printing every result.`,
 			}
 			if ownController {
 				// berth-dev's own controller: the production berth's, which cannot serve the
-				// dynamic scenarios' platforms of type local-vm. No scenario has a local
-				// platform, and the bench's control plane calls no webhook: it serves none.
+				// dynamic scenarios' platforms of type local-vm.
 				self, err := os.Executable()
 				if err != nil {
 					return err
 				}
-				controllerCmd = self + " controller --metrics-bind-address=0 --health-probe-bind-address=0 --webhook-port=0 --host-check-interval=0 --provisioner=" + provisioner
+				controllerCmd = bench.BerthController(self, provisioner)
 			}
 			scales := []float64{scale}
 			if len(sweep) > 0 {
