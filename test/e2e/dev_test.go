@@ -420,9 +420,24 @@ func TestDevStopsWhenAComponentDies(t *testing.T) {
 				case <-time.After(100 * time.Millisecond):
 				}
 			}
+			// The VM cloud's hosts run sshd too, and a VM's sshd dying is a VM's end, not the
+			// stack's; pids wrap around (pid_max may be 32768), so the first sshd found may be
+			// a VM's. The static host's is the one in its network namespace.
+			inNamespace := func(int) bool { return true }
+			if tc.program == "sshd" {
+				m := regexp.MustCompile(`(berth-host-\d+)\s+ssh -i `).FindStringSubmatch(out.String())
+				if m == nil {
+					t.Fatalf("no static host in:\n%s", out.String())
+				}
+				hostNs := inode(t, filepath.Join("/run/netns", m[1]))
+				inNamespace = func(pid int) bool {
+					var st syscall.Stat_t
+					return syscall.Stat("/proc/"+strconv.Itoa(pid)+"/ns/net", &st) == nil && st.Ino == hostNs
+				}
+			}
 			victim := 0
 			for _, pid := range descendants(dev.Process.Pid) {
-				if runsBinary([]int{pid}, tc.program) {
+				if runsBinary([]int{pid}, tc.program) && inNamespace(pid) {
 					victim = pid
 					break
 				}
