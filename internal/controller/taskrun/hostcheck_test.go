@@ -27,8 +27,8 @@ func controllerEvent(reason, text string) (bool, error) {
 	return false, nil
 }
 
-// metricValue reads a counter or gauge of the controller running in this process; 0 before
-// it is first set.
+// metricValue reads a counter or gauge of the controller running in this process; -1 while it
+// has no series with that label (a counter not yet incremented counts as 0 then: see max).
 func metricValue(name, label, value string) float64 {
 	families, _ := metrics.Registry.Gather()
 	for _, f := range families {
