@@ -70,6 +70,13 @@ func (f *spaceFlags) register(cmd *cobra.Command) {
 	cmd.MarkFlagsMutuallyExclusive("space-kubeconfig", "space-secret")
 }
 
+// registerRequired is register for a step that cannot run without the space: one of
+// --space-kubeconfig and --space-secret must be given.
+func (f *spaceFlags) registerRequired(cmd *cobra.Command) {
+	f.register(cmd)
+	cmd.MarkFlagsOneRequired("space-kubeconfig", "space-secret")
+}
+
 func (f *spaceFlags) given() bool { return f.kubeconfig != "" || f.secret != "" }
 
 func (f *spaceFlags) connect(ctx context.Context) (*cluster.Space, error) {
@@ -222,7 +229,7 @@ namespace that is copied into the space and passed as the parameter credentialsS
 			return writeResult(nameResult, inst.Name)
 		},
 	}
-	sf.register(cmd)
+	sf.registerRequired(cmd)
 	f := cmd.Flags()
 	f.StringVar(&req.Name, "cluster-name", "", "the ClusterTemplateInstance's name; a re-run with the same name finds it (a Task gives its TaskRun's name)")
 	f.StringVar(&req.Template, "template", "", "the ClusterTemplate to make the cluster from")
@@ -233,7 +240,6 @@ namespace that is copied into the space and passed as the parameter credentialsS
 	f.StringVar(&nameResult, "result-cluster-name-file", "", "file to write the cluster's name to (the clusterName result)")
 	_ = cmd.MarkFlagRequired("cluster-name")
 	_ = cmd.MarkFlagRequired("template")
-	cmd.MarkFlagsOneRequired("space-kubeconfig", "space-secret")
 	return cmd
 }
 
@@ -261,11 +267,10 @@ continue, so that the diagnose step can explain a failure.`,
 			return err
 		},
 	}
-	sf.register(cmd)
+	sf.registerRequired(cmd)
 	pf.register(cmd, 30*time.Minute, "the cluster")
 	cmd.Flags().StringVar(&name, "cluster-name", "", "the ClusterTemplateInstance to wait for")
 	_ = cmd.MarkFlagRequired("cluster-name")
-	cmd.MarkFlagsOneRequired("space-kubeconfig", "space-secret")
 	return cmd
 }
 
@@ -300,11 +305,10 @@ only when the wait step failed. It exits non-zero when part of the report could 
 			return nil
 		},
 	}
-	sf.register(cmd)
+	sf.registerRequired(cmd)
 	cmd.Flags().StringVar(&name, "cluster-name", "", "the ClusterTemplateInstance to explain")
 	cmd.Flags().StringVar(&waitExitCode, "wait-exit-code-file", "", "the wait step's exit code file ($(steps.step-wait.exitCode.path)): report only if it is not 0")
 	_ = cmd.MarkFlagRequired("cluster-name")
-	cmd.MarkFlagsOneRequired("space-kubeconfig", "space-secret")
 	return cmd
 }
 
@@ -344,7 +348,7 @@ when the wait step failed.`,
 			return errors.Join(writeResult(urlResult, url), writeResult(kubeconfResult, rel))
 		},
 	}
-	sf.register(cmd)
+	sf.registerRequired(cmd)
 	f := cmd.Flags()
 	f.StringVar(&name, "cluster-name", "", "the ready ClusterTemplateInstance")
 	f.StringVar(&dir, "credentials-dir", "", "directory to write <cluster-name>/kubeconfig, username and password into (the credentials workspace)")
@@ -353,7 +357,6 @@ when the wait step failed.`,
 	f.StringVar(&waitExitCode, "wait-exit-code-file", "", "the wait step's exit code file ($(steps.step-wait.exitCode.path)): write nothing unless it is 0")
 	_ = cmd.MarkFlagRequired("cluster-name")
 	_ = cmd.MarkFlagRequired("credentials-dir")
-	cmd.MarkFlagsOneRequired("space-kubeconfig", "space-secret")
 	return cmd
 }
 
