@@ -26,12 +26,9 @@ package caasstandin
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -39,7 +36,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -87,30 +83,18 @@ type Cluster struct {
 // New prepares a stand-in acting with cfg, which needs to be a cluster admin (it registers a
 // webhook and writes Secrets, Jobs, Pods and Events in the instances' namespaces).
 func New(cfg *rest.Config) (*StandIn, error) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+	run, c, err := managerrun.NewStandIn("CaaS stand-in", cfg)
+	if err != nil {
 		return nil, err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("CaaS stand-in client: %w", err)
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("CaaS stand-in manager: %w", err)
 	}
 	s := &StandIn{
 		cfg:      cfg,
 		client:   c,
-		run:      managerrun.New("CaaS stand-in", mgr),
+		run:      run,
 		boots:    make(chan event.GenericEvent, 16),
 		clusters: map[types.UID]*cluster{},
 	}
-	err = ctrl.NewControllerManagedBy(mgr).
+	err = ctrl.NewControllerManagedBy(run.Manager()).
 		Named("clustertemplateinstance-standin").
 		For(newObject(instanceGVK)).
 		WatchesRawSource(source.Channel(s.boots, &handler.EnqueueRequestForObject{})).

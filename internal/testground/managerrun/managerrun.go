@@ -9,7 +9,12 @@ import (
 	"fmt"
 	"sync"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
 // Run is one manager's run.
@@ -26,6 +31,29 @@ type Run struct {
 
 // New prepares a run of mgr; name says whose manager it is in errors ("CaaS stand-in").
 func New(name string, mgr manager.Manager) *Run { return &Run{name: name, mgr: mgr} }
+
+// NewStandIn builds a stand-in's manager on cfg (client-go's types, no metrics or probes) and
+// an uncached client on the same scheme, for writes that must not wait for the cache; it
+// returns the manager's run and the client. Register controllers on run.Manager().
+func NewStandIn(name string, cfg *rest.Config) (*Run, client.Client, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s client: %w", name, err)
+	}
+	mgr, err := manager.New(cfg, manager.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s manager: %w", name, err)
+	}
+	return New(name, mgr), c, nil
+}
 
 // Start starts the manager and returns once its caches have synced, with the context it runs
 // under, which ends at Stop. A manager that fails first is an error, and the run is over.

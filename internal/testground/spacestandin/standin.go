@@ -21,16 +21,13 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/berth-ci/berth/internal/testground/managerrun"
@@ -68,24 +65,12 @@ func New(cfg *rest.Config, opts Options) (*StandIn, error) {
 		}
 		opts.CAData = ca
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+	run, c, err := managerrun.NewStandIn("space stand-in", cfg)
+	if err != nil {
 		return nil, err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("space stand-in client: %w", err)
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("space stand-in manager: %w", err)
-	}
-	s := &StandIn{opts: opts, client: c, run: managerrun.New("space stand-in", mgr), failing: map[string]string{}}
-	err = ctrl.NewControllerManagedBy(mgr).
+	s := &StandIn{opts: opts, client: c, run: run, failing: map[string]string{}}
+	err = ctrl.NewControllerManagedBy(run.Manager()).
 		Named("spacerequest-standin").
 		For(newUnstructured()).
 		// A space namespace that finishes deleting lets its request's finalizer go; an access
