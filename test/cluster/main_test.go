@@ -160,20 +160,16 @@ func (l *stepLog) of(tr *pipelinev1.TaskRun, step string) string {
 	if step != "" {
 		prefix += step + "] "
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out strings.Builder
-	for line := range strings.Lines(l.buf.String()) {
-		if strings.HasPrefix(line, prefix) {
-			out.WriteString(line)
-		}
-	}
-	return out.String()
+	return l.startingWith(prefix)
 }
 
 // ofNamespace is every line the TaskRuns of a namespace printed.
 func (l *stepLog) ofNamespace(namespace string) string {
-	prefix := "[" + namespace + "/"
+	return l.startingWith("[" + namespace + "/")
+}
+
+// startingWith is every line logged that starts with prefix.
+func (l *stepLog) startingWith(prefix string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out strings.Builder
