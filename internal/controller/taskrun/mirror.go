@@ -2,6 +2,8 @@ package taskrun
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -128,14 +130,21 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	return reconcile.Result{RequeueAfter: held}, nil
 }
 
-// patchMirrors writes m with a merge patch under optimistic locking. Cached TaskRuns are
-// stripped of what berth does not read, so they are never written whole.
+// patchMirrors writes m with a JSON patch that tests what it changes (see metadataPatch).
+// Cached TaskRuns are stripped of what berth does not read, so they are never written whole.
 func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m mirrorState) error {
 	r.noteMirrorSet(tr.UID)
 	before := tr.DeepCopy()
 	m.apply(tr)
-	if !sameMetadata(before, tr) {
-		if err := r.Client.Patch(ctx, tr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+	if ops := metadataPatch(&before.ObjectMeta, &tr.ObjectMeta); len(ops) > 0 {
+		patch, err := json.Marshal(ops)
+		if err != nil {
+			return err
+		}
+		if err := r.Client.Patch(ctx, tr, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+			if testFailed(err) {
+				return fmt.Errorf("%w: %w", errStale, err)
+			}
 			return err
 		}
 	}
