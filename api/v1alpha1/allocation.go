@@ -12,11 +12,17 @@ const (
 	// PhaseWaiting: every host of the platform is busy; the task is queued.
 	PhaseWaiting Phase = "Waiting"
 	// PhaseProvisioning: a slot is reserved and the record names the host and the build user
-	// before anything is done on the host (reserving and provisioning are one write).
+	// before anything is done on the host (reserving and provisioning are one write). It stays
+	// so while the task runs: once the task's secret carries berth's seal for the build user
+	// (see SealKey), the user is ready.
 	PhaseProvisioning Phase = "Provisioning"
-	// PhaseReady: the build user exists and the task's secret holds its key.
+	// PhaseReady: the build user exists and the task's secret holds its key. berth writes it
+	// only for a TaskRun it adopted from the controller it replaced; a record of its own
+	// stays Provisioning, and its sealed secret tells that the user is ready (see SealKey).
 	PhaseReady Phase = "Ready"
-	// PhaseCleaning: the task has ended; the record holds what is still owed to hosts.
+	// PhaseCleaning: the task has ended; the record holds what is still owed to hosts. It is
+	// written only when a debt outlives a pass (a clean failed): a record that holds a slot
+	// for a TaskRun that has ended owes its build user all the same.
 	PhaseCleaning Phase = "Cleaning"
 )
 
@@ -82,8 +88,14 @@ type AllocationStatus struct {
 	// Debts are build users still to be removed: from earlier attempts, and the task's own
 	// once it has ended. The record goes only when none is left.
 	Debts []Debt `json:"debts,omitempty"`
-	// SecretDigest is the SHA-256 of the data berth last wrote into the task's secret; a
-	// secret that no longer matches was changed by someone else.
+	// SealKey keys the seal berth puts on the task's secret (an HMAC of its data, its build
+	// user and attempt): a secret that carries a valid seal was written by berth for the
+	// current build user, which is how a record that holds a slot tells, after a restart,
+	// that its build user was made and handed over without a write of its own. It is made
+	// when the slot is reserved and never leaves berth's namespace.
+	SealKey []byte `json:"sealKey,omitempty"`
+	// SecretDigest is the SHA-256 of the error berth wrote into the task's secret once the
+	// tenant changed the secret (see SecretTampered), or of what an earlier version wrote.
 	SecretDigest string `json:"secretDigest,omitempty"`
 	// SecretTampered is set once the tenant changed or deleted the secret: the host is never
 	// touched again for this user except to remove it.

@@ -102,6 +102,11 @@ func (in *AllocationStatus) DeepCopyInto(out *AllocationStatus) {
 		*out = make([]Debt, len(*in))
 		copy(*out, *in)
 	}
+	if in.SealKey != nil {
+		in, out := &in.SealKey, &out.SealKey
+		*out = make([]byte, len(*in))
+		copy(*out, *in)
+	}
 	if in.ReservedAt != nil {
 		in, out := &in.ReservedAt, &out.ReservedAt
 		*out = (*in).DeepCopy()

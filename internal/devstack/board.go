@@ -4,9 +4,11 @@ import (
 	"context"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -90,6 +92,16 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A record that holds a slot is not written again when its build user is handed over:
+	// the task's secret naming that user tells.
+	var secrets corev1.SecretList
+	if err := c.List(ctx, &secrets, client.HasLabels{contract.SecretLabel}); err != nil {
+		return nil, err
+	}
+	hostOf := map[string]string{}
+	for _, s := range secrets.Items {
+		hostOf[s.Namespace+"/"+s.Name] = string(s.Data["host"])
+	}
 	recordOf := map[string]*berthv1.Allocation{}
 	for i := range records.Items {
 		recordOf[string(records.Items[i].Spec.TaskRun.UID)] = &records.Items[i]
@@ -104,7 +116,10 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 		if tr.Namespace == Namespace || tr.Labels[contract.TaskTypeLabel] != "" {
 			continue // berth's own TaskRuns
 		}
-		row := b.row(tr, recordOf[string(tr.UID)], isLocal(cfg, contract.Platform(tr)))
+		rec := recordOf[string(tr.UID)]
+		handedOver := rec != nil && rec.Status.BuildUser != "" &&
+			strings.HasPrefix(hostOf[tr.Namespace+"/"+contract.SecretPrefix+tr.Name], rec.Status.BuildUser+"@")
+		row := b.row(tr, rec, handedOver, isLocal(cfg, contract.Platform(tr)))
 		if row.State == StateWaiting {
 			waiting[row.Platform]++
 		}
@@ -127,7 +142,7 @@ func isLocal(cfg *config.Config, platform string) bool {
 	return known && strategy == config.StrategyLocal
 }
 
-func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation, local bool) TaskRunRow {
+func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation, handedOver, local bool) TaskRunRow {
 	uid := string(tr.UID)
 	row := b.seen[uid]
 	row.Namespace, row.Name, row.Platform = tr.Namespace, tr.Name, contract.Platform(tr)
@@ -142,7 +157,7 @@ func (b *Board) row(tr *pipelinev1.TaskRun, rec *berthv1.Allocation, local bool)
 	case host != "":
 		row.Host = host
 	}
-	row.State, row.Message = stateOf(tr, rec), ""
+	row.State, row.Message = stateOf(tr, rec, handedOver), ""
 	start := b.start(tr)
 	switch {
 	case row.Host == LocalHost || row.Platform == "":
@@ -178,9 +193,10 @@ func (b *Board) start(tr *pipelinev1.TaskRun) time.Time {
 // stateOf is where the task stands: berth's record says while there is one; a task berth
 // has no record of is run locally, is not berth's (no platform), has not been seen yet, or
 // has been cleaned up.
-func stateOf(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) string {
+func stateOf(tr *pipelinev1.TaskRun, rec *berthv1.Allocation, handedOver bool) string {
 	if tr.IsDone() {
-		if (rec != nil && rec.Status.Phase == berthv1.PhaseCleaning) || len(tr.Finalizers) > 0 {
+		// A record outlives its task only while a build user is still to be removed.
+		if rec != nil || len(tr.Finalizers) > 0 {
 			return StateCleaning
 		}
 		if tr.IsSuccessful() {
@@ -190,10 +206,11 @@ func stateOf(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) string {
 	}
 	if rec != nil {
 		switch rec.Status.Phase {
-		case berthv1.PhaseProvisioning:
+		case berthv1.PhaseProvisioning, berthv1.PhaseReady:
+			if handedOver || rec.Status.Phase == berthv1.PhaseReady {
+				return StateRunning
+			}
 			return StateProvisioning
-		case berthv1.PhaseReady:
-			return StateRunning
 		case berthv1.PhaseCleaning:
 			return StateCleaning
 		default:

@@ -34,20 +34,24 @@ func TestStateOf(t *testing.T) {
 		name string
 		tr   *pipelinev1.TaskRun
 		rec  *berthv1.Allocation
-		want string
+		// handedOver: the task's secret names the record's build user
+		handedOver bool
+		want       string
 	}{
-		{"not seen by berth yet", running(nil), nil, StateWaiting},
-		{"queued", running(nil), record(berthv1.PhaseWaiting), StateWaiting},
-		{"slot reserved", running(nil), record(berthv1.PhaseProvisioning), StateProvisioning},
-		{"secret handed over", running(nil), record(berthv1.PhaseReady), StateRunning},
-		{"run locally", running(map[string]string{contract.AssignedHostLabel: contract.Localhost}), nil, StateRunning},
-		{"no platform: not berth's", noPlatform, nil, StateRunning},
-		{"ended, user still on the host", ended(corev1.ConditionTrue), record(berthv1.PhaseCleaning), StateCleaning},
-		{"ended, finalizer still there", ended(corev1.ConditionTrue, contract.Finalizer), nil, StateCleaning},
-		{"succeeded and cleaned up", ended(corev1.ConditionTrue), nil, StateDone},
-		{"failed and cleaned up", ended(corev1.ConditionFalse), nil, StateError},
+		{"not seen by berth yet", running(nil), nil, false, StateWaiting},
+		{"queued", running(nil), record(berthv1.PhaseWaiting), false, StateWaiting},
+		{"slot reserved", running(nil), record(berthv1.PhaseProvisioning), false, StateProvisioning},
+		{"secret handed over", running(nil), record(berthv1.PhaseProvisioning), true, StateRunning},
+		{"adopted from the controller berth replaced", running(nil), record(berthv1.PhaseReady), false, StateRunning},
+		{"run locally", running(map[string]string{contract.AssignedHostLabel: contract.Localhost}), nil, false, StateRunning},
+		{"no platform: not berth's", noPlatform, nil, false, StateRunning},
+		{"ended, clean owed after a failure", ended(corev1.ConditionTrue), record(berthv1.PhaseCleaning), false, StateCleaning},
+		{"ended, user still on the host", ended(corev1.ConditionTrue), record(berthv1.PhaseProvisioning), true, StateCleaning},
+		{"ended, finalizer still there", ended(corev1.ConditionTrue, contract.Finalizer), nil, false, StateCleaning},
+		{"succeeded and cleaned up", ended(corev1.ConditionTrue), nil, false, StateDone},
+		{"failed and cleaned up", ended(corev1.ConditionFalse), nil, false, StateError},
 	} {
-		if got := stateOf(tc.tr, tc.rec); got != tc.want {
+		if got := stateOf(tc.tr, tc.rec, tc.handedOver); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 		}
 	}

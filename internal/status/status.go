@@ -38,7 +38,7 @@ const (
 	HealthRetired     = "retired"     // left the config, or a VM being retired; takes no new task
 )
 
-// RecentHandOvers is how many of a platform's latest Ready transitions the ETA is taken from.
+// RecentHandOvers is how many of a platform's latest hand-overs the ETA is taken from.
 const RecentHandOvers = 10
 
 // Snapshot is what berth's config and records say at one moment.
@@ -357,12 +357,18 @@ func hostStatus(h Host, used int, now time.Time) HostStatus {
 	return out
 }
 
-// readyTimes are the platform's latest Ready transitions the records hold, oldest first.
+// readyTimes are the platform's latest hand-overs of a slot the records hold, oldest first:
+// when a task's build user became ready where a record says so (ReadyAt, which berth writes
+// no more), else when its slot was reserved.
 func readyTimes(tasks []Task, platform string) []time.Time {
 	var out []time.Time
 	for _, t := range tasks {
-		if t.Platform == platform && !t.ReadyAt.IsZero() {
-			out = append(out, t.ReadyAt)
+		at := t.ReadyAt
+		if at.IsZero() {
+			at = t.ReservedAt
+		}
+		if t.Platform == platform && !at.IsZero() {
+			out = append(out, at)
 		}
 	}
 	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })

@@ -44,7 +44,7 @@ func TestConfigChangeReachesOldVMs(t *testing.T) {
 	if inst := machineOf(t, oldVM); inst.State != vmcloud.Running {
 		t.Fatalf("the old VM went while its task ran: %+v", inst)
 	}
-	if rec := stacktest.Record(t, c(), a); rec.Status.Phase != berthv1.PhaseReady {
+	if rec := stacktest.Record(t, c(), a); !handedOver(t, rec) {
 		t.Fatalf("the task on the old VM lost it: %s", rec.Status.Phase)
 	}
 

@@ -94,7 +94,7 @@ func poolServesManyTasks(t *testing.T, provider string) {
 			}
 			var rec berthv1.Allocation
 			err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(p.tr.UID)}, &rec)
-			if err != nil || rec.Status.Phase != berthv1.PhaseReady {
+			if err != nil || !handedOver(t, &rec) {
 				continue
 			}
 			served[p.tr.Name] = rec.Status.Login.Host
@@ -109,7 +109,7 @@ func poolServesManyTasks(t *testing.T, provider string) {
 					}
 					var rec berthv1.Allocation
 					err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(p.tr.UID)}, &rec)
-					if err == nil && rec.Status.Phase == berthv1.PhaseReady {
+					if err == nil && handedOver(t, &rec) {
 						return true, nil
 					}
 				}

@@ -35,7 +35,7 @@ func TestMaxAgeCullsIdleNeverBusy(t *testing.T) {
 	if inst, _ := cloud().Instance(vmB.Status.Instance.ID); inst.State != vmcloud.Running {
 		t.Fatalf("the busy VM past max-age was terminated under its task: %+v", inst)
 	}
-	if rec := stacktest.Record(t, c(), b); rec.Status.Phase != berthv1.PhaseReady {
+	if rec := stacktest.Record(t, c(), b); !handedOver(t, rec) {
 		t.Fatalf("b lost its VM: %s", rec.Status.Phase)
 	}
 	finish(t, b)

@@ -110,7 +110,7 @@ func vmOf(t *testing.T, tr *pipelinev1.TaskRun) (*corev1.Secret, *berthv1.BuildH
 	if msg, failed := secret.Data["error"]; failed {
 		t.Fatalf("%s got an error secret: %s", tr.Name, msg)
 	}
-	rec := stacktest.PhaseIs(t, c(), tr, berthv1.PhaseReady)
+	rec := stacktest.Ready(t, c(), tr)
 	var vm berthv1.BuildHost
 	if err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: rec.Status.Login.Host}, &vm); err != nil {
 		t.Fatalf("the VM record %s of %s: %v", rec.Status.Login.Host, tr.Name, err)
@@ -246,4 +246,14 @@ func eventWith(t *testing.T, reason, text string) bool {
 		return found, nil
 	})
 	return found
+}
+
+// handedOver tells whether the record's task has its build user (see stacktest.HandedOver).
+func handedOver(t *testing.T, rec *berthv1.Allocation) bool {
+	t.Helper()
+	ok, err := stacktest.HandedOver(context.Background(), c(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
 }

@@ -107,21 +107,21 @@ func TestForgedAssignedHostGetsNoSlot(t *testing.T) {
 		eventually(t, tr.Name+" is decided", func() (bool, error) {
 			var rec berthv1.Allocation
 			err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
-			return err == nil && (rec.Status.Phase == berthv1.PhaseReady || rec.Status.Phase == berthv1.PhaseWaiting), client.IgnoreNotFound(err)
+			return err == nil && (handedOver(t, &rec) || rec.Status.Phase == berthv1.PhaseWaiting), client.IgnoreNotFound(err)
 		})
 	}
 	ready, waiting, onTarget := 0, 0, 0
 	for _, tr := range trs {
 		rec := record(t, tr)
 		want := ""
-		switch rec.Status.Phase {
-		case berthv1.PhaseReady:
+		switch {
+		case handedOver(t, rec):
 			ready++
 			want = rec.Status.Login.Host
 			if want == target.Name {
 				onTarget++
 			}
-		case berthv1.PhaseWaiting:
+		case rec.Status.Phase == berthv1.PhaseWaiting:
 			waiting++
 		}
 		eventually(t, "the label of "+tr.Name+" says what berth decided", func() (bool, error) {
@@ -202,7 +202,7 @@ func TestForgedTaskTypeAndWaitingLabelsChangeNothing(t *testing.T) {
 	}
 	recs := map[string]*berthv1.Allocation{}
 	for _, tr := range trs {
-		rec := phaseIs(t, tr, berthv1.PhaseReady)
+		rec := ready(t, tr)
 		recs[tr.Name] = rec
 		servedWithKey(t, tr, rec)
 		eventually(t, "the labels of "+tr.Name+" say what berth decided", func() (bool, error) {
@@ -234,7 +234,7 @@ func TestLabelRemovalAndChangeMidBuild(t *testing.T) {
 	applyConfig(t, 1, nil)
 	tn := newTenant(t, "a")
 	tr := tn.create(t, tn.taskRun("moved", platform))
-	rec := phaseIs(t, tr, berthv1.PhaseReady)
+	rec := ready(t, tr)
 	servedWithKey(t, tr, rec)
 	home := hostNamed(t, rec.Status.Login.Host)
 	var elsewhere string
@@ -308,7 +308,7 @@ func tamperAfterPlanting(t *testing.T, tamper func(tn *tenant, s *corev1.Secret)
 	before := allHostFiles(t)
 	tn := newTenant(t, "a")
 	tr := tn.create(t, tn.taskRun("tamper", platform))
-	rec := phaseIs(t, tr, berthv1.PhaseReady)
+	rec := ready(t, tr)
 	s := servedWithKey(t, tr, rec)
 	host := hostNamed(t, rec.Status.Login.Host)
 	if out, err := loginWith(t, host, rec.Status.BuildUser, s, plant); err != nil {
@@ -328,7 +328,7 @@ func tamperAfterPlanting(t *testing.T, tamper func(tn *tenant, s *corev1.Secret)
 		t.Fatal(err)
 	}
 	errorOnlySecret(t, tr, rewritten.UID)
-	if again := record(t, tr); again.Status.Attempt != rec.Status.Attempt || again.Status.Phase != berthv1.PhaseReady {
+	if again := record(t, tr); again.Status.Attempt != rec.Status.Attempt || again.Status.Phase != berthv1.PhaseProvisioning || !again.Status.SecretTampered {
 		t.Fatalf("berth provisioned again after the tamper: %+v", again.Status)
 	}
 	if changes := planted.diff(homeOf(t, host, rec.Status.BuildUser)); len(changes) > 0 {
@@ -403,7 +403,7 @@ func TestTaskRunNameReuse(t *testing.T) {
 	tn := newTenant(t, "a")
 	ctx := context.Background()
 	first := tn.create(t, tn.taskRun("reused", platform))
-	firstRec := phaseIs(t, first, berthv1.PhaseReady)
+	firstRec := ready(t, first)
 	servedWithKey(t, first, firstRec)
 	if err := tn.c.Delete(ctx, get(t, first)); err != nil {
 		t.Fatal(err)
@@ -413,7 +413,7 @@ func TestTaskRunNameReuse(t *testing.T) {
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	})
 	second := tn.create(t, tn.taskRun("reused", platform))
-	secondRec := phaseIs(t, second, berthv1.PhaseReady)
+	secondRec := ready(t, second)
 	if secondRec.Status.BuildUser == firstRec.Status.BuildUser {
 		t.Fatalf("both TaskRuns got build user %s", secondRec.Status.BuildUser)
 	}
@@ -530,10 +530,10 @@ func TestFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 		}
 		for _, rec := range list.Items {
 			ref := rec.Spec.TaskRun
-			if ref.Namespace == quiet.ns && rec.Status.Phase == berthv1.PhaseReady {
+			if ref.Namespace == quiet.ns && handedOver(t, &rec) {
 				return true, nil
 			}
-			if ref.Namespace == flood.ns && rec.Status.Phase == berthv1.PhaseReady && !finished[ref.Name] {
+			if ref.Namespace == flood.ns && handedOver(t, &rec) && !finished[ref.Name] {
 				finished[ref.Name] = true
 				finish(t, &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name}})
 			}
@@ -569,10 +569,10 @@ func phases(t *testing.T, ns string) (ready, waiting int) {
 		if rec.Spec.TaskRun.Namespace != ns {
 			continue
 		}
-		switch rec.Status.Phase {
-		case berthv1.PhaseReady:
+		switch {
+		case handedOver(t, &rec):
 			ready++
-		case berthv1.PhaseWaiting:
+		case rec.Status.Phase == berthv1.PhaseWaiting:
 			waiting++
 		}
 	}

@@ -153,6 +153,12 @@ func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) *berthv1
 	return stacktest.PhaseIs(t, admin(), tr, phase)
 }
 
+// ready waits until the task has its build user (see stacktest.HandedOver).
+func ready(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	return stacktest.Ready(t, admin(), tr)
+}
+
 func finish(t *testing.T, tr *pipelinev1.TaskRun) {
 	t.Helper()
 	if err := stack.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(tr), nil); err != nil {
@@ -196,7 +202,7 @@ func applyConfigData(t *testing.T, data map[string]string) {
 }
 
 // settled waits until berth owes nothing for the namespace: no finalizers or assigned hosts
-// on its TaskRuns, no secrets of berth's, no records and no internal TaskRuns for it.
+// on its TaskRuns, no secrets of berth's but those of ended tasks, no records and no internal TaskRuns for it.
 func settled(t *testing.T, ns string) {
 	t.Helper()
 	eventually(t, "everything of "+ns+" is cleaned up", func() (bool, error) {
@@ -210,12 +216,8 @@ func settled(t *testing.T, ns string) {
 				return false, fmt.Errorf("%s still has finalizers %v / host %q", tr.Name, tr.Finalizers, host)
 			}
 		}
-		var secrets corev1.SecretList
-		if err := admin().List(ctx, &secrets, client.InNamespace(ns), client.HasLabels{contract.SecretLabel}); err != nil {
-			return false, err
-		}
-		if len(secrets.Items) > 0 {
-			return false, fmt.Errorf("%d secrets left, e.g. %s", len(secrets.Items), secrets.Items[0].Name)
+		if live, err := stacktest.SecretsOfLiveTasks(ctx, admin(), ns); err != nil || len(live) > 0 {
+			return false, fmt.Errorf("secrets of tasks still running: %v (%v)", live, err)
 		}
 		var records berthv1.AllocationList
 		if err := admin().List(ctx, &records, client.InNamespace(devstack.Namespace)); err != nil {
@@ -236,4 +238,14 @@ func settled(t *testing.T, ns string) {
 		}
 		return true, nil
 	})
+}
+
+// handedOver tells whether the record's task has its build user (see stacktest.HandedOver).
+func handedOver(t *testing.T, rec *berthv1.Allocation) bool {
+	t.Helper()
+	ok, err := stacktest.HandedOver(context.Background(), admin(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
 }

@@ -54,7 +54,7 @@ func TestAFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 	lone := create(t, userTaskRun(quiet, "lone", platform, ""))
 	phaseIs(t, lone, berthv1.PhaseWaiting)
 	finish(t, served[0])
-	phaseIs(t, lone, berthv1.PhaseReady)
+	ready(t, lone)
 	if n := holding(t, flood); n != stackHosts-1 {
 		t.Fatalf("the flooding namespace holds %d slots after the quiet one was served, want %d", n, stackHosts-1)
 	}
@@ -79,13 +79,13 @@ func TestNamespaceCapLeavesSlotsForOthers(t *testing.T) {
 	}
 	served, waiting := servedAndWaiting(t, greedies, 2)
 	o := create(t, userTaskRun(other, "o", platform, ""))
-	phaseIs(t, o, berthv1.PhaseReady)
+	ready(t, o)
 	if n := holding(t, greedy); n != 2 {
 		t.Fatalf("the capped namespace holds %d slots, want 2", n)
 	}
 	finish(t, served[0])
 	// The waiters were created in order, so the first of them is served next.
-	phaseIs(t, waiting[0], berthv1.PhaseReady)
+	ready(t, waiting[0])
 	if n := holding(t, greedy); n != 2 {
 		t.Fatalf("after one task ended the capped namespace holds %d slots, want 2", n)
 	}

@@ -62,7 +62,7 @@ func TestDrainUndrainAndForget(t *testing.T) {
 	}()
 
 	first := create(t, userTaskRun(ns, "on-the-open-host", platform, ""))
-	phaseIs(t, first, berthv1.PhaseReady)
+	ready(t, first)
 	if got := recordOf(t, first).Status.Login.Host; got != three.Name {
 		t.Fatalf("the task went to %s; only %s is not drained", got, three.Name)
 	}
@@ -73,7 +73,7 @@ func TestDrainUndrainAndForget(t *testing.T) {
 	if !strings.Contains(out, "takes tasks again") {
 		t.Errorf("undrain said %q", out)
 	}
-	phaseIs(t, second, berthv1.PhaseReady)
+	ready(t, second)
 	if got := recordOf(t, second).Status.Login.Host; got != one.Name {
 		t.Fatalf("the waiter went to %s; only %s was undrained", got, one.Name)
 	}

@@ -9,11 +9,13 @@ import (
 	"syscall"
 	"testing"
 
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // controllerProcess runs the built controller as its own process under the shipped RBAC, so a
@@ -71,12 +73,33 @@ func recordsIn(ns string) (map[berthv1.Phase]int, error) {
 	}
 	phases := map[berthv1.Phase]int{}
 	for _, rec := range list.Items {
-		if rec.Spec.TaskRun.Namespace == ns {
-			phases[rec.Status.Phase]++
+		if rec.Spec.TaskRun.Namespace != ns {
+			continue
+		}
+		phases[rec.Status.Phase]++
+		if handedOver, err := stacktest.HandedOver(context.Background(), c(), &rec); err != nil {
+			return nil, err
+		} else if handedOver {
+			phases[handedOverPhase]++
+		}
+		var tr pipelinev1.TaskRun
+		err := c().Get(context.Background(), client.ObjectKey{Namespace: ns, Name: rec.Spec.TaskRun.Name}, &tr)
+		if client.IgnoreNotFound(err) != nil {
+			return nil, err
+		}
+		if err != nil || tr.UID != rec.Spec.TaskRun.UID || tr.IsDone() {
+			phases[owed]++
 		}
 	}
 	return phases, nil
 }
+
+// handedOverPhase counts, in recordsIn, the records whose build user was handed over to the task.
+const handedOverPhase berthv1.Phase = "(build user handed over)"
+
+// owed counts, in recordsIn, the records of tasks that ended: each owes its build user's clean,
+// whether the record says Cleaning or still names the user it held.
+const owed berthv1.Phase = "(task ended, clean owed)"
 
 // TestKilledAtEachPhaseRepairsOnRestart kills the controller process with SIGKILL the moment
 // a record reaches each phase (a task provisioning, a task ready, a clean owed), starts it
@@ -100,8 +123,8 @@ func TestKilledAtEachPhaseRepairsOnRestart(t *testing.T) {
 	const tasks = 8
 	proc := controllerProcess(t, bin)
 	createBurst(t, ns, 0, tasks)
-	for _, phase := range []berthv1.Phase{berthv1.PhaseProvisioning, berthv1.PhaseReady, berthv1.PhaseCleaning, berthv1.PhaseProvisioning} {
-		if phase == berthv1.PhaseCleaning {
+	for _, phase := range []berthv1.Phase{berthv1.PhaseProvisioning, handedOverPhase, owed, berthv1.PhaseProvisioning} {
+		if phase == owed {
 			finishAtRandom(t, ns)
 		}
 		eventually(t, "a record is "+string(phase), func() (bool, error) {

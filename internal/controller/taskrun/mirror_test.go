@@ -72,7 +72,7 @@ func TestAWaitedTaskIsNeverShownWaitingAgain(t *testing.T) {
 		fills = append(fills, create(t, userTaskRun(ns, fmt.Sprintf("fill-%d", i), platform, "")))
 	}
 	for _, tr := range fills {
-		phaseIs(t, tr, berthv1.PhaseReady)
+		ready(t, tr)
 	}
 	waiters := []*pipelinev1.TaskRun{create(t, userTaskRun(ns, "waiter-0", platform, "")), create(t, userTaskRun(ns, "waiter-1", platform, ""))}
 	for _, tr := range waiters {
@@ -80,7 +80,7 @@ func TestAWaitedTaskIsNeverShownWaitingAgain(t *testing.T) {
 	}
 	for i, tr := range waiters {
 		finish(t, fills[i])
-		phaseIs(t, tr, berthv1.PhaseReady)
+		ready(t, tr)
 	}
 	for _, tr := range append(fills[len(waiters):], waiters...) {
 		finish(t, tr)

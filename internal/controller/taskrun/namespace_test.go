@@ -27,7 +27,7 @@ func TestDeletedNamespaceWithRunningTasksIsGone(t *testing.T) {
 	ns := namespace(t)
 	remote := create(t, userTaskRun(ns, "remote", platform, ""))
 	local := create(t, userTaskRun(ns, "local", "linux/amd64", ""))
-	rec := stacktest.PhaseIs(t, c(), remote, berthv1.PhaseReady)
+	rec := stacktest.Ready(t, c(), remote)
 	secretOf(t, remote)
 	secretOf(t, local)
 	eventually(t, "the remote task carries berth's finalizer", func() (bool, error) {

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 )
 
@@ -74,7 +73,7 @@ func TestWaitingTaskRunsShowTheirPlaceInLine(t *testing.T) {
 		fills = append(fills, create(t, userTaskRun(ns, fmt.Sprintf("fill-%d", i), platform, "")))
 	}
 	for _, tr := range fills {
-		phaseIs(t, tr, berthv1.PhaseReady)
+		ready(t, tr)
 	}
 	var waiters []*pipelinev1.TaskRun
 	for i := range 4 {
@@ -92,7 +91,7 @@ func TestWaitingTaskRunsShowTheirPlaceInLine(t *testing.T) {
 	}
 
 	finish(t, fills[0])
-	phaseIs(t, waiters[0], berthv1.PhaseReady)
+	ready(t, waiters[0])
 	positionsAre(t, waiters, "", "1", "2", "3")
 
 	for _, tr := range append(fills[1:], waiters...) {

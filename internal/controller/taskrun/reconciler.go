@@ -69,6 +69,7 @@ type Reconciler struct {
 	restore  sync.Mutex
 	restored atomic.Bool
 	keys     sync.Map // "uid/attempt" → private key of a user being provisioned
+	ready    sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
 	mirrors  sync.Map // TaskRun UID → mirrorState berth last wrote
 	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	now      func() time.Time

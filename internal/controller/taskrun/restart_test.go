@@ -31,6 +31,12 @@ func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) {
 	stacktest.PhaseIs(t, c(), tr, phase)
 }
 
+// ready waits until the task has its build user (see stacktest.HandedOver).
+func ready(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	return stacktest.Ready(t, c(), tr)
+}
+
 // hostOf finds the test host a record's login names.
 func hostOf(t *testing.T, login *berthv1.HostLogin) *sshhosts.Host {
 	t.Helper()
@@ -59,7 +65,7 @@ func readyTask(t *testing.T, name string) (string, *pipelinev1.TaskRun) {
 	ns := namespace(t)
 	tr := create(t, userTaskRun(ns, name, platform, ""))
 	secretOf(t, tr)
-	phaseIs(t, tr, berthv1.PhaseReady)
+	ready(t, tr)
 	return ns, tr
 }
 
@@ -101,23 +107,71 @@ func TestRestartWhileWaiting(t *testing.T) {
 	noBuildUsersLeft(t)
 }
 
-func TestRestartBetweenUserCreatedAndRecordReady(t *testing.T) {
+func TestRestartBetweenUserCreatedAndSecretWritten(t *testing.T) {
 	ns, tr := readyTask(t, "half-made")
 	first := recordOf(t, tr)
 	whileStopped(t, func() {
-		// What a kill between creating the user and recording it ready leaves: the user
-		// exists on the host, the record says provisioning, and the key lived only in the
-		// dead process.
-		first.Status.Phase, first.Status.SecretDigest, first.Status.ReadyAt = berthv1.PhaseProvisioning, "", nil
-		if err := c().Update(context.Background(), first); err != nil {
+		// What a kill between creating the user and handing over its secret leaves: the user
+		// exists on the host, the record names it, no secret carries it, and the key lived
+		// only in the dead process.
+		deleteSecret(t, tr)
+	})
+	secondUserReplacesFirst(t, ns, tr, first)
+}
+
+// TestRestartWithAnUnsealedSecret: a secret berth did not seal for the record's build user
+// (one a tenant wrote while berth was down, under berth's label and owner) does not pass for a
+// hand-over after a restart: the user is made again, and the forged secret replaced.
+func TestRestartWithAnUnsealedSecret(t *testing.T) {
+	ns, tr := readyTask(t, "unsealed")
+	first := recordOf(t, tr)
+	whileStopped(t, func() {
+		s := secretOf(t, tr)
+		delete(s.Annotations, taskrun.SealAnnotation)
+		s.Data["host"] = []byte("someone@elsewhere")
+		if err := c().Update(context.Background(), s); err != nil {
 			t.Fatal(err)
 		}
 	})
+	secondUserReplacesFirst(t, ns, tr, first)
+}
+
+// TestRestartAfterTheHandOverKeepsTheUser: after a restart, the sealed secret is the record
+// that the build user was handed over: nothing is made again and nothing is written.
+func TestRestartAfterTheHandOverKeepsTheUser(t *testing.T) {
+	ns, tr := readyTask(t, "kept")
+	first := recordOf(t, tr)
+	before := secretOf(t, tr)
+	restartController(t, controllerOptions())
+	// A later task served by the new controller shows it has been through the old one.
+	later := create(t, userTaskRun(ns, "after-restart", platform, ""))
+	ready(t, later)
+	rec := recordOf(t, tr)
+	if rec.ResourceVersion != first.ResourceVersion || rec.Status.Attempt != 1 {
+		t.Fatalf("the record was written after the restart: attempt %d, resourceVersion %s → %s", rec.Status.Attempt, first.ResourceVersion, rec.ResourceVersion)
+	}
+	if after := secretOf(t, tr); after.UID != before.UID || after.ResourceVersion != before.ResourceVersion {
+		t.Fatal("the secret handed over before the restart was written again")
+	}
+	if !userExists(t, hostOf(t, first.Status.Login), first.Status.BuildUser) {
+		t.Fatal("the build user handed over before the restart is gone")
+	}
+	finish(t, tr)
+	finish(t, later)
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
+
+// secondUserReplacesFirst waits for the task to be served again under a second build user,
+// the first removed, then ends it.
+func secondUserReplacesFirst(t *testing.T, ns string, tr *pipelinev1.TaskRun, first *berthv1.Allocation) {
+	t.Helper()
 	host := hostOf(t, first.Status.Login)
 	eventually(t, "a second build user is ready and the first is gone", func() (bool, error) {
 		rec := recordOf(t, tr)
-		return rec.Status.Phase == berthv1.PhaseReady && rec.Status.Attempt == 2 && len(rec.Status.Debts) == 0 &&
-			!userExists(t, host, first.Status.BuildUser), nil
+		done, err := stacktest.HandedOver(context.Background(), c(), rec)
+		return done && rec.Status.Attempt == 2 && len(rec.Status.Debts) == 0 &&
+			!userExists(t, host, first.Status.BuildUser), err
 	})
 	want := hostops.UserName(string(tr.UID), 2)
 	eventually(t, "the secret names the second user", func() (bool, error) {
@@ -183,7 +237,7 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	if err := startController(controllerOptions()); err != nil {
 		t.Fatal(err)
 	}
-	phaseIs(t, tr, berthv1.PhaseReady)
+	phaseIs(t, tr, berthv1.PhaseReady) // an adopted record says Ready: berth wrote no secret to seal
 	if rec := recordOf(t, tr); rec.Status.BuildUser != legacy || rec.Status.Login.Host != host.Name {
 		t.Fatalf("adopted as %s on %s, want %s on %s", rec.Status.BuildUser, rec.Status.Login.Host, legacy, host.Name)
 	}
@@ -204,4 +258,12 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	finish(t, forged)
 	settled(t, ns)
 	noBuildUsersLeft(t)
+}
+
+func deleteSecret(t *testing.T, tr *pipelinev1.TaskRun) {
+	t.Helper()
+	s := secretOf(t, tr)
+	if err := c().Delete(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
 }

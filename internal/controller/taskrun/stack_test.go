@@ -99,10 +99,13 @@ func servedAndWaiting(t *testing.T, trs []*pipelinev1.TaskRun, n int) (served, w
 			if err != nil {
 				return false, client.IgnoreNotFound(err)
 			}
-			switch rec.Status.Phase {
-			case berthv1.PhaseReady:
+			handedOver, err := stacktest.HandedOver(context.Background(), c(), &rec)
+			switch {
+			case err != nil:
+				return false, err
+			case handedOver:
 				served = append(served, tr)
-			case berthv1.PhaseWaiting:
+			case rec.Status.Phase == berthv1.PhaseWaiting:
 				waiting = append(waiting, tr)
 			}
 		}
@@ -127,7 +130,7 @@ func get(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 }
 
 // settled waits until berth has nothing left to do for the namespace: no finalizers or
-// assigned hosts on its TaskRuns, no secrets, no records, and no internal TaskRuns for them.
+// assigned hosts on its TaskRuns, no secrets but those of ended tasks, no records, and no internal TaskRuns for them.
 func settled(t *testing.T, ns string) {
 	t.Helper()
 	eventually(t, "everything of "+ns+" is cleaned up", func() (bool, error) {
@@ -140,12 +143,8 @@ func settled(t *testing.T, ns string) {
 				return false, fmt.Errorf("%s still has finalizers %v / host %q", tr.Name, tr.Finalizers, tr.Labels[contract.AssignedHostLabel])
 			}
 		}
-		var secrets corev1.SecretList
-		if err := c().List(context.Background(), &secrets, client.InNamespace(ns), client.HasLabels{contract.SecretLabel}); err != nil {
-			return false, err
-		}
-		if len(secrets.Items) > 0 {
-			return false, fmt.Errorf("%d secrets left", len(secrets.Items))
+		if live, err := stacktest.SecretsOfLiveTasks(context.Background(), c(), ns); err != nil || len(live) > 0 {
+			return false, fmt.Errorf("secrets of tasks still running: %v (%v)", live, err)
 		}
 		var records berthv1.AllocationList
 		if err := c().List(context.Background(), &records, client.InNamespace(devstack.Namespace)); err != nil {

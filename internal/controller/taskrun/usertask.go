@@ -46,9 +46,9 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	case berthv1.PhaseWaiting, "":
 		results.add(r.reserve(ctx, tr, rec))
 	case berthv1.PhaseProvisioning:
-		results.add(r.provision(ctx, tr, rec))
+		results.add(r.hold(ctx, tr, rec))
 	case berthv1.PhaseReady:
-		results.add(r.guardSecret(ctx, tr, rec))
+		results.add(r.guardSecret(ctx, tr, rec, rec.Status.SecretDigest))
 	}
 	if len(rec.Status.Debts) > 0 {
 		results.add(r.payDebts(ctx, rec))
@@ -166,6 +166,12 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.UserDir, next.Status.Message = "", ""
 	next.Status.ReservedAt = r.microStamp()
+	if len(next.Status.SealKey) == 0 {
+		if next.Status.SealKey, err = newSealKey(); err != nil {
+			r.wake(r.Ledger.Release(task))
+			return reconcile.Result{}, err
+		}
+	}
 	if err := r.save(ctx, next); err != nil {
 		// A reservation made just now and not recorded is not held. One made by an earlier
 		// reconcile is recorded already (this one read a stale copy): it stays.
@@ -261,16 +267,12 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	seal(secret, rec)
 	if err := r.writeSecret(ctx, tr, secret); err != nil {
 		return reconcile.Result{}, err
 	}
-	next := rec.DeepCopy()
-	next.Status.Phase, next.Status.UserDir = berthv1.PhaseReady, out.UserDir
-	next.Status.SecretDigest = digest(secret.Data)
-	next.Status.ReadyAt = r.microStamp()
-	if err := r.save(ctx, next); err != nil {
-		return reconcile.Result{}, err
-	}
+	// The sealed secret is the record of the hand-over: the record itself is not written.
+	r.ready.Store(keyID(rec), digest(secret.Data))
 	r.keys.Delete(keyID(rec))
 	r.Provisioner.Forget(j.ID)
 	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())
@@ -343,21 +345,21 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 // guardSecret notices a tenant's edit or deletion of the task's secret. The host is never
 // touched again for that user but to remove it; the secret is written back holding only an
 // error, so the task fails at once instead of hanging.
-func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
-	if rec.Status.SecretDigest == "" {
+func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, want string) (reconcile.Result, error) {
+	if want == "" {
 		return reconcile.Result{}, nil // adopted from an earlier controller: its secret is not ours to judge
 	}
 	secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if secret != nil && digest(secret.Data) == rec.Status.SecretDigest {
+	if secret != nil && digest(secret.Data) == want {
 		return reconcile.Result{}, nil
 	}
 	// The cache may simply lag behind our own write: ask the apiserver before judging.
 	var live corev1.Secret
 	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &live)
-	if err == nil && digest(live.Data) == rec.Status.SecretDigest {
+	if err == nil && digest(live.Data) == want {
 		return reconcile.Result{}, nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -386,6 +388,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	if err := r.writeSecret(ctx, tr, errSecret); err != nil {
 		return reconcile.Result{}, err
 	}
+	r.ready.Store(keyID(rec), next.Status.SecretDigest) // a pass on a stale copy of the record judges by it
 	r.noteRevert(tr)
 	errorSecrets.WithLabelValues("SecretTampered").Inc()
 	r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretTampered", "%s", msg)
@@ -412,9 +415,11 @@ func (r *Reconciler) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 }
 
 // finish cleans up after a task that ended or is being deleted, in an order that survives a
-// crash between any two steps: the record takes over the build user as a debt (and the slot
-// with it) before the finalizer goes, so a dead host never blocks the TaskRun's deletion, and
-// the slot is freed only once the user is gone.
+// crash between any two steps: a record whose TaskRun has ended owes its build user (and holds
+// its slot) whatever its phase says, so the finalizer can go at once and a dead host never
+// blocks the TaskRun's deletion; the slot is freed only once the user is gone. The secret
+// stays: its key logs in as a user that is being removed, and it goes with its TaskRun (its
+// owner reference), or when a new TaskRun of the name needs the name (dropStaleSecret).
 func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	if rec == nil {
 		if err := r.releaseUnrecorded(taskOf(tr)); err != nil {
@@ -426,16 +431,13 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 			return reconcile.Result{}, err
 		}
 	}
-	if err := r.deleteSecret(ctx, tr.Namespace, tr.Name, tr.UID); err != nil {
-		return reconcile.Result{}, err
-	}
 	if _, err := r.mirror(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
 	r.mirrors.Delete(tr.UID)
 	r.mirrorSets.Delete(tr.UID)
 	r.reverted.Delete(tr.UID)
-	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReadyAt != nil {
+	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
 		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
 	}
 	if rec == nil {
@@ -456,7 +458,11 @@ func (r *Reconciler) releaseUnrecorded(task allocation.Task) error {
 	return nil
 }
 
-// endRecord turns an ended task's hold into a debt of the record.
+// endRecord turns an ended task's hold into a debt of the record, in memory: the record is
+// written only when a debt outlives this pass (a clean that failed, see settleDebts). Until
+// then the record in the apiserver still names the user as held, which is the same debt to
+// the next pass or the next start, since the TaskRun it was held for has ended. A record in
+// Cleaning was written so and is returned as it is.
 func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*berthv1.Allocation, error) {
 	if rec.Status.Phase == berthv1.PhaseCleaning {
 		return rec, nil
@@ -468,18 +474,21 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 	}
 	next.Status.Phase, next.Status.Login = berthv1.PhaseCleaning, nil
 	next.Status.EndedAt = r.microStamp()
-	if err := r.save(ctx, next); err != nil {
-		return nil, err
-	}
 	task := taskOfRecord(rec)
-	if held {
+	// The first pass moves the slot over; a later one (the clean still running) finds it moved.
+	first := !held
+	if held && r.Ledger.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
+		first = true
 		r.keys.Delete(keyID(rec))
-		r.Ledger.Transfer(task, debtTask(next, rec.Status.BuildUser))
+		r.ready.Delete(keyID(rec))
 		r.step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
 	r.wake(r.Ledger.Release(task))
-	// Once, as the task ends: the redemption already refuses keys of an ended record, and the
+	if !first {
+		return next, nil
+	}
+	// Once, as the task ends: the redemption already refuses keys of an ended task, and the
 	// sweeper deletes what this misses.
 	return next, r.revokeKeys(ctx, next)
 }

@@ -246,8 +246,8 @@ func (s *Store) judge(ctx context.Context, secret *corev1.Secret) (refusal, err 
 		return endedError{"the task's secret was changed or deleted"}, nil
 	case st.BuildUser != secret.Annotations[buildUserAnnotation]:
 		return endedError{"build user " + secret.Annotations[buildUserAnnotation] + " was replaced"}, nil
-	// The key is kept and the secret written before the record says Ready: in between, the
-	// record already names the user the key logs in as.
+	// A record that holds a slot says Provisioning while its task runs (Ready only when
+	// adopted); either way it names the user the key logs in as.
 	case st.Phase != berthv1.PhaseReady && st.Phase != berthv1.PhaseProvisioning:
 		return endedError{"the task holds no build host"}, nil
 	}

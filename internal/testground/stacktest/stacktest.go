@@ -313,3 +313,57 @@ func Namespace(t *testing.T, s *devstack.Stack) string {
 	t.Cleanup(func() { FinishAllOnFailure(t, s, ns) })
 	return ns
 }
+
+// SecretsOfLiveTasks lists berth's secrets in namespace ns whose TaskRun is still there and has
+// not ended. An ended task's secret may stay (its build user is removed, and it goes with its
+// TaskRun); a settled namespace has none of the others.
+func SecretsOfLiveTasks(ctx context.Context, c client.Reader, ns string) ([]string, error) {
+	var secrets corev1.SecretList
+	if err := c.List(ctx, &secrets, client.InNamespace(ns), client.HasLabels{contract.SecretLabel}); err != nil {
+		return nil, err
+	}
+	var live []string
+	for _, s := range secrets.Items {
+		var tr pipelinev1.TaskRun
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: strings.TrimPrefix(s.Name, contract.SecretPrefix)}, &tr)
+		if client.IgnoreNotFound(err) != nil {
+			return nil, err
+		}
+		if err == nil && !tr.IsDone() {
+			live = append(live, s.Name)
+		}
+	}
+	return live, nil
+}
+
+// HandedOver tells whether the record holds a slot and its task's secret names the record's
+// build user: the user is ready and the task has it. (berth writes no phase for that: the
+// record stays Provisioning, and berth's own seal on the secret tells; see SealKey.)
+func HandedOver(ctx context.Context, c client.Reader, rec *berthv1.Allocation) (bool, error) {
+	if rec.Status.Login == nil || rec.Status.SecretTampered ||
+		(rec.Status.Phase != berthv1.PhaseProvisioning && rec.Status.Phase != berthv1.PhaseReady) {
+		return false, nil
+	}
+	ref := rec.Spec.TaskRun
+	var s corev1.Secret
+	err := c.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: contract.SecretPrefix + ref.Name}, &s)
+	if err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return strings.HasPrefix(string(s.Data["host"]), rec.Status.BuildUser+"@"), nil
+}
+
+// Ready waits until the task's build user is handed over (see HandedOver) and returns its
+// record.
+func Ready(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun) *berthv1.Allocation {
+	t.Helper()
+	var rec berthv1.Allocation
+	Eventually(t, tr.Name+" has its build user", func() (bool, error) {
+		err := c.Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
+		if err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		return HandedOver(context.Background(), c, &rec)
+	})
+	return &rec
+}

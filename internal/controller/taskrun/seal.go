@@ -1,0 +1,106 @@
+package taskrun
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"strconv"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/tasksecret"
+)
+
+// A record that holds a slot is written once, when the slot is reserved; handing the task its
+// secret writes the secret and nothing else. The secret then says the build user is ready: it
+// carries berth's seal, an HMAC of its data, the build user and the attempt under a key kept
+// in the record (SealKey), which a tenant can neither read nor forge. This process remembers
+// what it handed over (ready); after a restart, or on a new leader, the seal tells.
+
+// SealAnnotation carries the seal on the task's secret.
+const SealAnnotation = "berth.dev/seal"
+
+func newSealKey() ([]byte, error) {
+	key := make([]byte, 32)
+	_, err := rand.Read(key)
+	return key, err
+}
+
+// sealOf is the seal of secret data for the record's current build user.
+func sealOf(rec *berthv1.Allocation, data map[string][]byte) string {
+	m := hmac.New(sha256.New, rec.Status.SealKey)
+	m.Write([]byte(rec.Status.BuildUser + "\x00" + strconv.Itoa(rec.Status.Attempt) + "\x00" + digest(data)))
+	return base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// seal puts the record's seal on the secret about to be handed over.
+func seal(s *corev1.Secret, rec *berthv1.Allocation) {
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[SealAnnotation] = sealOf(rec, s.Data)
+}
+
+// sealed tells a secret that berth handed over for the record's current build user.
+func sealed(s *corev1.Secret, rec *berthv1.Allocation) bool {
+	got, err := base64.StdEncoding.DecodeString(s.Annotations[SealAnnotation])
+	if err != nil || len(rec.Status.SealKey) == 0 {
+		return false
+	}
+	want, _ := base64.StdEncoding.DecodeString(sealOf(rec, s.Data))
+	return hmac.Equal(got, want)
+}
+
+// hold serves a task whose record holds a slot: its build user is being made (this process
+// has its key), or was handed over (this process wrote the secret, or the secret carries the
+// seal), and then the secret is guarded. Neither means a restart cut the making short: the
+// user is of no use and is made again (see provision).
+func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	if rec.Status.SecretTampered {
+		return r.guardSecret(ctx, tr, rec, rec.Status.SecretDigest)
+	}
+	if _, making := r.keys.Load(keyID(rec)); making {
+		return r.provision(ctx, tr, rec)
+	}
+	if d, ok := r.ready.Load(keyID(rec)); ok {
+		return r.guardSecret(ctx, tr, rec, d.(string))
+	}
+	s, err := r.handedOver(ctx, tr, rec)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if s == nil {
+		return r.provision(ctx, tr, rec)
+	}
+	r.ready.Store(keyID(rec), digest(s.Data))
+	return reconcile.Result{}, nil
+}
+
+// handedOver is the task's secret if it carries the record's seal (nil if not). The cache is
+// asked first, then the apiserver, which may hold a secret the cache has not seen yet.
+func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (*corev1.Secret, error) {
+	s, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+	if err != nil {
+		return nil, err
+	}
+	if s != nil && ownedBy(s, tr.UID) && sealed(s, rec) {
+		return s, nil
+	}
+	var live corev1.Secret
+	switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &live); {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case ownedBy(&live, tr.UID) && sealed(&live, rec):
+		return &live, nil
+	}
+	return nil, nil
+}
