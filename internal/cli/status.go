@@ -12,14 +12,17 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/kubescheme"
 	"github.com/berth-ci/berth/internal/status"
@@ -111,7 +114,14 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (status.
 	if err != nil {
 		return status.Report{}, err
 	}
-	r := status.Summarize(snapshot(time.Now(), cfg, hosts.Items, records.Items))
+	// A task waits without a record until it gets a slot: berth's waiting label on its
+	// TaskRun shows it (a tenant could set the label on its own TaskRun, which only adds it to
+	// this view).
+	var waiting pipelinev1.TaskRunList
+	if err := c.List(ctx, &waiting, client.HasLabels{contract.WaitingForPlatformLabel}); err != nil {
+		return status.Report{}, fmt.Errorf("listing waiting TaskRuns: %w", err)
+	}
+	r := status.Summarize(snapshot(time.Now(), cfg, hosts.Items, records.Items, waiting.Items))
 	r.Namespace = namespace
 	return r, nil
 }
@@ -127,7 +137,7 @@ func configInForce(ctx context.Context, c client.Reader, namespace string) (*con
 }
 
 // snapshot turns the config and records into what package status sums up.
-func snapshot(now time.Time, cfg *config.Config, hosts []berthv1.BuildHost, records []berthv1.Allocation) status.Snapshot {
+func snapshot(now time.Time, cfg *config.Config, hosts []berthv1.BuildHost, records []berthv1.Allocation, waiting []pipelinev1.TaskRun) status.Snapshot {
 	s := status.Snapshot{Now: now}
 	for _, p := range slices.Sorted(maps.Keys(cfg.Platforms)) {
 		sp := status.Platform{Name: string(p), Strategy: string(cfg.Platforms[p])}
@@ -177,6 +187,20 @@ func snapshot(now time.Time, cfg *config.Config, hosts []berthv1.BuildHost, reco
 			}
 		}
 		s.Tasks = append(s.Tasks, t)
+	}
+	recorded := make(map[types.UID]bool, len(records))
+	for i := range records {
+		recorded[records[i].Spec.TaskRun.UID] = true
+	}
+	for i := range waiting {
+		tr := &waiting[i]
+		platform := contract.Platform(tr)
+		if recorded[tr.UID] || tr.IsDone() || platform == "" {
+			continue
+		}
+		strategy, _ := cfg.Strategy(config.Platform(platform))
+		s.Tasks = append(s.Tasks, status.Task{Namespace: tr.Namespace, Name: tr.Name, Platform: platform,
+			Strategy: string(strategy), Waiting: true, Queued: tr.CreationTimestamp.Time})
 	}
 	return s
 }

@@ -9,18 +9,22 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"knative.dev/pkg/apis"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/status"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
@@ -280,5 +284,52 @@ func TestStatusOutsideBerthsNamespaceSaysSo(t *testing.T) {
 	out, err := berth(t, "status", "--kubeconfig", kubeconfig, "-n", "status-empty")
 	if err == nil || !strings.Contains(err.Error(), "is this berth's namespace") {
 		t.Fatalf("want an error naming the namespace, got %v\n%s", err, out)
+	}
+}
+
+// A task that never held a slot waits without a record: berth status finds it by berth's
+// waiting label on its TaskRun, once, and leaves out a labelled TaskRun that has ended.
+func TestStatusShowsTasksWaitingWithoutARecord(t *testing.T) {
+	env := newStatusEnv(t, "status-unrecorded")
+	ctx := context.Background()
+	const ns = "team-d"
+	if err := cp.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	taskRun := func(name string) *pipelinev1.TaskRun {
+		tr := &pipelinev1.TaskRun{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{
+				contract.WaitingForPlatformLabel: contract.PlatformLabelValue("linux/s390x")}},
+			Spec: pipelinev1.TaskRunSpec{
+				Params:   pipelinev1.Params{{Name: contract.PlatformParam, Value: *pipelinev1.NewStructuredValues("linux/s390x")}},
+				TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "build", Image: "buildah", Script: "true"}}},
+			},
+		}
+		if err := cp.Client.Create(ctx, tr); err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	taskRun("queued-d")
+	ended := taskRun("ended-d")
+	ended.Status.SetCondition(&apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue})
+	if err := cp.Client.Status().Update(ctx, ended); err != nil {
+		t.Fatal(err)
+	}
+	out, err := berth(t, env.args("-o", "json")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r status.Report
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	s390x := r.Platforms[2]
+	var queue []string
+	for _, w := range s390x.Waiting {
+		queue = append(queue, w.Namespace+"/"+w.Name)
+	}
+	if s390x.Queued != 4 || !slices.Contains(queue, ns+"/queued-d") || slices.Contains(queue, ns+"/ended-d") {
+		t.Fatalf("queued %d: %v; want the three recorded waiters and %s/queued-d", s390x.Queued, queue, ns)
 	}
 }

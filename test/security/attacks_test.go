@@ -105,23 +105,25 @@ func TestForgedAssignedHostGetsNoSlot(t *testing.T) {
 	}
 	for _, tr := range trs {
 		eventually(t, tr.Name+" is decided", func() (bool, error) {
-			var rec berthv1.Allocation
-			err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
-			return err == nil && (handedOver(t, &rec) || rec.Status.Phase == berthv1.PhaseWaiting), client.IgnoreNotFound(err)
+			handedOver, waits, err := stacktest.StateOf(context.Background(), admin(), tr)
+			return handedOver || waits, err
 		})
 	}
 	ready, waiting, onTarget := 0, 0, 0
 	for _, tr := range trs {
-		rec := record(t, tr)
+		handedOver, waits, err := stacktest.StateOf(context.Background(), admin(), tr)
+		if err != nil {
+			t.Fatal(err)
+		}
 		want := ""
 		switch {
-		case handedOver(t, rec):
+		case handedOver:
 			ready++
-			want = rec.Status.Login.Host
+			want = record(t, tr).Status.Login.Host
 			if want == target.Name {
 				onTarget++
 			}
-		case rec.Status.Phase == berthv1.PhaseWaiting:
+		case waits:
 			waiting++
 		}
 		eventually(t, "the label of "+tr.Name+" says what berth decided", func() (bool, error) {
@@ -510,16 +512,12 @@ func TestFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 		if floodWaitingWhenServed >= 0 || rec.Spec.TaskRun.Namespace != quiet.ns || rec.Status.Login == nil {
 			return
 		}
-		floodWaitingWhenServed = 0
-		for _, r := range records.phase {
-			if r.Spec.TaskRun.Namespace == flood.ns && r.Status.Phase == berthv1.PhaseWaiting {
-				floodWaitingWhenServed++
-			}
-		}
+		// A task waits until it first holds a slot (with no record until then).
+		floodWaitingWhenServed = floodSize - records.reserved[flood.ns]
 	}
 	records.mu.Unlock()
 	quiet.create(t, lone)
-	phaseIs(t, lone, berthv1.PhaseWaiting)
+	waiting(t, lone)
 
 	// The flood's builds end one by one, as they get hosts, until the quiet tenant has one.
 	finished := map[string]bool{}
@@ -558,21 +556,22 @@ func TestFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 	noBuildUsersLeft(t)
 }
 
-// phases counts a namespace's records that hold a ready host and that wait.
+// phases counts the namespace's tasks that have their build user and that wait for a slot.
 func phases(t *testing.T, ns string) (ready, waiting int) {
 	t.Helper()
-	var list berthv1.AllocationList
-	if err := admin().List(context.Background(), &list, client.InNamespace(devstack.Namespace)); err != nil {
+	var trs pipelinev1.TaskRunList
+	if err := admin().List(context.Background(), &trs, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
-	for _, rec := range list.Items {
-		if rec.Spec.TaskRun.Namespace != ns {
-			continue
+	for i := range trs.Items {
+		handedOver, waits, err := stacktest.StateOf(context.Background(), admin(), &trs.Items[i])
+		if err != nil {
+			t.Fatal(err)
 		}
 		switch {
-		case handedOver(t, &rec):
+		case handedOver:
 			ready++
-		case rec.Status.Phase == berthv1.PhaseWaiting:
+		case waits:
 			waiting++
 		}
 	}

@@ -153,6 +153,12 @@ func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) *berthv1
 	return stacktest.PhaseIs(t, admin(), tr, phase)
 }
 
+// waiting waits until the task waits for a slot (see stacktest.IsWaiting).
+func waiting(t *testing.T, tr *pipelinev1.TaskRun) {
+	t.Helper()
+	stacktest.Waiting(t, admin(), tr)
+}
+
 // ready waits until the task has its build user (see stacktest.HandedOver).
 func ready(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
 	t.Helper()

@@ -20,6 +20,9 @@ type recordWatch struct {
 	holds map[string][]string // record → hosts whose slots it holds
 	worst map[string]int
 	phase map[string]*berthv1.Allocation // record → as last seen
+	// reserved counts, per namespace, the tasks that have ever held a slot.
+	reserved   map[string]int
+	sawReserve map[string]bool // record → it held a slot once
 	// onChange, if set, runs under mu after each change, with the record that changed.
 	onChange func(*berthv1.Allocation)
 }
@@ -36,7 +39,8 @@ func watchRecords(t *testing.T) *recordWatch {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Stop(); cancel() })
-	rw := &recordWatch{holds: map[string][]string{}, worst: map[string]int{}, phase: map[string]*berthv1.Allocation{}}
+	rw := &recordWatch{holds: map[string][]string{}, worst: map[string]int{}, phase: map[string]*berthv1.Allocation{},
+		reserved: map[string]int{}, sawReserve: map[string]bool{}}
 	go func() {
 		for ev := range w.ResultChan() {
 			rec, ok := ev.Object.(*berthv1.Allocation)
@@ -56,6 +60,10 @@ func (rw *recordWatch) observe(rec *berthv1.Allocation, deleted bool) {
 	if !deleted {
 		if rec.Status.Login != nil && (rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady) {
 			hosts = append(hosts, rec.Status.Login.Host)
+			if !rw.sawReserve[rec.Name] {
+				rw.sawReserve[rec.Name] = true
+				rw.reserved[rec.Spec.TaskRun.Namespace]++
+			}
 		}
 		for _, d := range rec.Status.Debts {
 			if d.HoldsSlot {

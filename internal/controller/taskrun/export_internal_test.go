@@ -1,9 +1,16 @@
 package taskrun
 
 import (
+	"context"
 	"encoding/json"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
 )
 
 // MetadataPatch is metadataPatch as the bytes berth sends, for the tests on the apiserver.
@@ -13,3 +20,23 @@ func MetadataPatch(before, after *metav1.ObjectMeta) ([]byte, error) {
 
 // TestFailed is testFailed.
 var TestFailed = testFailed
+
+// RestoredLine is the line of a platform that a controller starting now, with config cfg, finds
+// from the cluster before its first decision: the records in namespace and the TaskRuns that
+// wait without one (restoreRecord and restoreQueue on a new ledger).
+func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *config.Config, platform string) ([]allocation.Task, error) {
+	store := hostconfig.NewStore()
+	store.Apply(cfg)
+	r := &Reconciler{Client: c, APIReader: c, Namespace: namespace, Config: store, Ledger: allocation.New()}
+	var records berthv1.AllocationList
+	if err := c.List(ctx, &records, client.InNamespace(namespace)); err != nil {
+		return nil, err
+	}
+	for i := range records.Items {
+		r.restoreRecord(&records.Items[i])
+	}
+	if err := r.restoreQueue(ctx, records.Items); err != nil {
+		return nil, err
+	}
+	return r.Ledger.Queue(platform), nil
+}

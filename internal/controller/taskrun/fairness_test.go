@@ -52,7 +52,7 @@ func TestAFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 	}
 	served, _ := servedAndWaiting(t, floods, stackHosts)
 	lone := create(t, userTaskRun(quiet, "lone", platform, ""))
-	phaseIs(t, lone, berthv1.PhaseWaiting)
+	waiting(t, lone)
 	finish(t, served[0])
 	ready(t, lone)
 	if n := holding(t, flood); n != stackHosts-1 {

@@ -67,7 +67,7 @@ func TestDrainUndrainAndForget(t *testing.T) {
 		t.Fatalf("the task went to %s; only %s is not drained", got, three.Name)
 	}
 	second := create(t, userTaskRun(ns, "waits-for-undrain", platform, ""))
-	phaseIs(t, second, berthv1.PhaseWaiting)
+	waiting(t, second)
 
 	out := mustBerthHost(t, "undrain", one.Name)
 	if !strings.Contains(out, "takes tasks again") {

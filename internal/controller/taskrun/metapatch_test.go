@@ -128,4 +128,3 @@ func TestMirrorPatchesTestOnlyWhatTheyChange(t *testing.T) {
 	mustBe("after the last patch", map[string]string{"team": "a"}, "tekton.dev/other")
 	other(func(now *pipelinev1.TaskRun) { now.Finalizers = nil })
 }
-

@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 )
 
@@ -76,7 +75,7 @@ func TestAWaitedTaskIsNeverShownWaitingAgain(t *testing.T) {
 	}
 	waiters := []*pipelinev1.TaskRun{create(t, userTaskRun(ns, "waiter-0", platform, "")), create(t, userTaskRun(ns, "waiter-1", platform, ""))}
 	for _, tr := range waiters {
-		phaseIs(t, tr, berthv1.PhaseWaiting)
+		waiting(t, tr)
 	}
 	for i, tr := range waiters {
 		finish(t, fills[i])

@@ -3,8 +3,10 @@ package taskrun_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +15,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/hostops"
@@ -29,6 +32,12 @@ func recordOf(t *testing.T, tr *pipelinev1.TaskRun) *berthv1.Allocation {
 func phaseIs(t *testing.T, tr *pipelinev1.TaskRun, phase berthv1.Phase) {
 	t.Helper()
 	stacktest.PhaseIs(t, c(), tr, phase)
+}
+
+// waiting waits until the task waits for a slot (see stacktest.IsWaiting).
+func waiting(t *testing.T, tr *pipelinev1.TaskRun) {
+	t.Helper()
+	stacktest.Waiting(t, c(), tr)
 }
 
 // ready waits until the task has its build user (see stacktest.HandedOver).
@@ -101,6 +110,60 @@ func TestRestartWhileWaiting(t *testing.T) {
 		t.Fatalf("the waiter got no host after the restart: %v", s.Data["error"])
 	}
 	for _, tr := range append(served[1:], last) {
+		finish(t, tr)
+	}
+	settled(t, ns)
+	noBuildUsersLeft(t)
+}
+
+// TestRestartKeepsTheLineInOrder: tasks wait without records, so a restart finds its queue
+// again from the TaskRuns, by creation time, before its first decision. A slot freed while
+// berth was down goes to the oldest waiter, though a younger one comes first by name (the
+// order in which a fresh cache lists TaskRuns).
+func TestRestartKeepsTheLineInOrder(t *testing.T) {
+	applyConfig(t, 1, nil)
+	ns := namespace(t)
+	var holders []*pipelinev1.TaskRun
+	for i := range stackHosts {
+		holders = append(holders, create(t, userTaskRun(ns, fmt.Sprintf("a-holds-%d", i), platform, "")))
+	}
+	servedAndWaiting(t, holders, stackHosts)
+	older := create(t, userTaskRun(ns, "z-older", platform, ""))
+	waiting(t, older)
+	// Creation times are whole seconds: the younger one is created in a later one.
+	eventually(t, "a second has begun since z-older was created", func() (bool, error) {
+		return time.Now().Truncate(time.Second).After(get(t, older).CreationTimestamp.Time), nil
+	})
+	younger := create(t, userTaskRun(ns, "b-younger", platform, ""))
+	waiting(t, younger)
+	whileStopped(t, func() {
+		// What the next controller finds before its first decision: both, oldest first.
+		cfg, err := hostconfig.Read(context.Background(), c(), devstack.Namespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line, err := taskrun.RestoredLine(context.Background(), c(), devstack.Namespace, cfg, platform)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mine []string
+		for _, task := range line {
+			if task.Namespace == ns {
+				mine = append(mine, task.Name)
+			}
+		}
+		if !slices.Equal(mine, []string{"z-older", "b-younger"}) {
+			t.Fatalf("the line a restart finds: %v, want z-older, b-younger", mine)
+		}
+		finish(t, holders[0])
+	})
+	if s := secretOf(t, older); len(s.Data["id_rsa"]) == 0 {
+		t.Fatalf("the oldest waiter got no host after the restart: %q", s.Data["error"])
+	}
+	if handedOver, waits, err := stacktest.StateOf(context.Background(), c(), younger); err != nil || handedOver || !waits {
+		t.Fatalf("the younger waiter: handed over %v, waiting %v (%v); want it still waiting", handedOver, waits, err)
+	}
+	for _, tr := range append(holders[1:], older, younger) {
 		finish(t, tr)
 	}
 	settled(t, ns)

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -46,6 +47,9 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 	for i := range list.Items {
 		r.restoreRecord(&list.Items[i])
 	}
+	if err := r.restoreQueue(ctx, list.Items); err != nil {
+		return false, err
+	}
 	// A drained or quarantined host must not be handed out in the moments before the
 	// BuildHost loop gets to it.
 	var hosts berthv1.BuildHostList
@@ -64,6 +68,45 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 		r.wakeKey(ref.Namespace, ref.Name)
 	}
 	return true, nil
+}
+
+// restoreQueue queues again the tasks that waited without a record: user TaskRuns still
+// running that have neither a record nor a secret of berth's, on a platform whose tasks hold
+// hosts, each at its creation time, so that a slot freed before every TaskRun has been
+// reconciled goes to the first in line and not to whichever the cache listed first. A task
+// queued here that admission then refuses (its namespace or platform no longer allowed) is
+// taken out of the queue by its own reconcile.
+func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocation) error {
+	cfg := r.Config.Config()
+	if cfg == nil {
+		return nil
+	}
+	recorded := make(map[types.UID]bool, len(records))
+	for i := range records {
+		recorded[records[i].Spec.TaskRun.UID] = true
+	}
+	var list pipelinev1.TaskRunList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		tr := &list.Items[i]
+		if recorded[tr.UID] || tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask || !cfg.NamespaceAllowed(tr.Namespace) {
+			continue
+		}
+		platform := contract.Platform(tr)
+		kind, known := cfg.Strategy(config.Platform(platform))
+		if strategy := r.strategyFor(kind); !known || strategy == nil || !strategy.holdsHosts() || len(cfg.Broken(config.Platform(platform))) > 0 {
+			continue
+		}
+		if s, err := r.secretOf(ctx, tr.Namespace, tr.Name); err != nil {
+			return err
+		} else if s != nil && ownedBy(s, tr.UID) {
+			continue // answered: an error, or a user handed over whose record is gone
+		}
+		r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: platform, Created: tr.CreationTimestamp.Time})
+	}
+	return nil
 }
 
 // restoreTurns tells the ledger whose turn came when, in the order the records' slots were

@@ -94,18 +94,13 @@ func servedAndWaiting(t *testing.T, trs []*pipelinev1.TaskRun, n int) (served, w
 	eventually(t, fmt.Sprintf("%d of %d tasks hold a host and the rest wait", n, len(trs)), func() (bool, error) {
 		served, waiting = nil, nil
 		for _, tr := range trs {
-			var rec berthv1.Allocation
-			err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
-			if err != nil {
-				return false, client.IgnoreNotFound(err)
-			}
-			handedOver, err := stacktest.HandedOver(context.Background(), c(), &rec)
+			handedOver, isWaiting, err := stacktest.StateOf(context.Background(), c(), tr)
 			switch {
 			case err != nil:
 				return false, err
 			case handedOver:
 				served = append(served, tr)
-			case rec.Status.Phase == berthv1.PhaseWaiting:
+			case isWaiting:
 				waiting = append(waiting, tr)
 			}
 		}

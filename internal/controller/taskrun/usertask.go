@@ -223,23 +223,33 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	if recheck > 0 && (left == 0 || recheck < left) {
 		left = recheck
 	}
-	if rec.Status.Phase != berthv1.PhaseWaiting || rec.ResourceVersion == "" {
-		next := rec.DeepCopy()
-		next.Status.Phase, next.Status.Login, next.Status.BuildUser = berthv1.PhaseWaiting, nil, ""
-		if err := r.save(ctx, next); err != nil {
-			if rec.ResourceVersion == "" {
-				r.Ledger.Release(taskOf(tr))
-			}
-			return reconcile.Result{}, err
+	if rec.ResourceVersion == "" {
+		// A task that never held a slot waits without a record: the ledger's queue holds it,
+		// its TaskRun's labels show it, and after a restart it is queued again as a user
+		// TaskRun with neither record nor secret (see restoreQueue), by its creation time.
+		// Only a task that had a host and must try another (provisioningFailed) has a
+		// Waiting record, for the hosts that failed it and the users it owes.
+		rec = rec.DeepCopy()
+		rec.Status.Phase = berthv1.PhaseWaiting
+		if !r.toldWaiting(tr, rec.Spec.Platform) {
+			r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 		}
-		rec = next
-		r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 	}
 	res, err := r.mirror(ctx, tr, rec) // it may hold a moved place back a while
 	if left > 0 && (res.RequeueAfter == 0 || left < res.RequeueAfter) {
 		res.RequeueAfter = left
 	}
 	return res, err
+}
+
+// toldWaiting tells whether the task was told it waits: this process mirrored the wait on it,
+// or its TaskRun carries the waiting label (mirrored before a restart). A tenant who sets the
+// label itself only spares itself the Event.
+func (r *Reconciler) toldWaiting(tr *pipelinev1.TaskRun, platform string) bool {
+	if last, ok := r.mirrors.Load(tr.UID); ok && last.(mirrorState).waiting {
+		return true
+	}
+	return tr.Labels[contract.WaitingForPlatformLabel] == contract.PlatformLabelValue(platform)
 }
 
 // provision sees the build user's creation through and hands the task its secret.

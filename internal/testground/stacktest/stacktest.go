@@ -367,3 +367,53 @@ func Ready(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun) *berthv1.Alloc
 	})
 	return &rec
 }
+
+// IsWaiting tells whether the task waits for a slot: its TaskRun carries berth's waiting label
+// and no record of berth's holds a slot for it. (A task that never had a slot waits without a
+// record; one that must try another host has a Waiting record.)
+func IsWaiting(ctx context.Context, c client.Reader, tr *pipelinev1.TaskRun) (bool, error) {
+	var now pipelinev1.TaskRun
+	if err := c.Get(ctx, client.ObjectKeyFromObject(tr), &now); err != nil {
+		return false, err
+	}
+	if now.Labels[contract.WaitingForPlatformLabel] == "" {
+		return false, nil
+	}
+	var rec berthv1.Allocation
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: devstack.Namespace, Name: string(now.UID)}, &rec); {
+	case err == nil:
+		return rec.Status.Phase == berthv1.PhaseWaiting, nil
+	case client.IgnoreNotFound(err) == nil:
+		return true, nil
+	default:
+		return false, err
+	}
+}
+
+// Waiting waits until the task waits for a slot (see IsWaiting).
+func Waiting(t *testing.T, c client.Reader, tr *pipelinev1.TaskRun) {
+	t.Helper()
+	Eventually(t, tr.Name+" waits for a slot", func() (bool, error) {
+		return IsWaiting(context.Background(), c, tr)
+	})
+}
+
+// StateOf tells whether the task has its build user (see HandedOver) or waits for a slot (see
+// IsWaiting); neither while it is between the two, or answered otherwise.
+func StateOf(ctx context.Context, c client.Reader, tr *pipelinev1.TaskRun) (handedOver, waiting bool, err error) {
+	var rec berthv1.Allocation
+	err = c.Get(ctx, client.ObjectKey{Namespace: devstack.Namespace, Name: string(tr.UID)}, &rec)
+	switch {
+	case err == nil:
+		if handedOver, err = HandedOver(ctx, c, &rec); err != nil || handedOver {
+			return handedOver, false, err
+		}
+		if rec.Status.Phase != berthv1.PhaseWaiting {
+			return false, false, nil
+		}
+	case client.IgnoreNotFound(err) != nil:
+		return false, false, err
+	}
+	waiting, err = IsWaiting(ctx, c, tr)
+	return false, waiting, err
+}
