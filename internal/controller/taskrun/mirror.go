@@ -99,16 +99,16 @@ func setOrDelete(m map[string]string, key, value string) {
 // tenant edited them: the edit is reverted, at most once per MirrorRevertInterval per TaskRun
 // and with an Event, and changes nothing else.
 func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	tr = r.freshest(tr)
 	r.noteMirrorSet(tr.UID)
 	want := mirrorOf(rec)
-	var held time.Duration // a moved place waits this long to be shown
-	want.position, held = r.queuePosition(tr, rec)
+	want.position = r.queuePosition(tr, rec)
 	last, wrote := r.mirrors.Load(tr.UID)
 	if wrote && last.(mirrorState) == want {
 		probe := tr.DeepCopy()
 		want.apply(probe)
 		if sameMetadata(tr, probe) {
-			return reconcile.Result{RequeueAfter: held}, nil
+			return reconcile.Result{}, nil
 		}
 		if left := r.revertWait(tr); left > 0 {
 			return reconcile.Result{RequeueAfter: left}, nil
@@ -127,13 +127,16 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	if !want.ended {
 		r.mirrors.Store(tr.UID, want)
 	}
-	return reconcile.Result{RequeueAfter: held}, nil
+	return reconcile.Result{}, nil
 }
 
 // patchMirrors writes m with a JSON patch that tests what it changes (see metadataPatch).
 // Cached TaskRuns are stripped of what berth does not read, so they are never written whole.
 func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m mirrorState) error {
 	r.noteMirrorSet(tr.UID)
+	if fresh := r.freshest(tr); fresh != tr {
+		*tr = *fresh
+	}
 	before := tr.DeepCopy()
 	m.apply(tr)
 	if ops := metadataPatch(&before.ObjectMeta, &tr.ObjectMeta); len(ops) > 0 {
@@ -147,9 +150,50 @@ func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m
 			}
 			return err
 		}
+		r.notePatched(tr)
 	}
 	r.notePosition(tr, m.position)
 	return nil
+}
+
+// patchedMeta is the metadata of a TaskRun as berth's last patch of it left it.
+type patchedMeta struct {
+	resourceVersion uint64
+	labels          map[string]string
+	annotations     map[string]string
+	finalizers      []string
+}
+
+// notePatched keeps what the apiserver answered to berth's patch of tr.
+func (r *Reconciler) notePatched(tr *pipelinev1.TaskRun) {
+	rv, err := strconv.ParseUint(tr.ResourceVersion, 10, 64)
+	if err != nil {
+		r.patched.Delete(tr.UID)
+		return
+	}
+	r.patched.Store(tr.UID, patchedMeta{resourceVersion: rv, labels: maps.Clone(tr.Labels),
+		annotations: maps.Clone(tr.Annotations), finalizers: slices.Clone(tr.Finalizers)})
+}
+
+// freshest is tr, or, while the cache has not caught up with berth's own last patch of it (the
+// moments after a write, when the write's own event or the record's brings the TaskRun back),
+// tr with the metadata that patch left. A patch based on the cache's older copy would test
+// values that are gone, or leave a label berth removed a moment ago, and that copy would pass
+// for a tenant's edit. resourceVersions are etcd revisions, which only grow; one that does not
+// parse as such is taken as new.
+func (r *Reconciler) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+	v, ok := r.patched.Load(tr.UID)
+	if !ok {
+		return tr
+	}
+	last := v.(patchedMeta)
+	if cached, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || cached >= last.resourceVersion {
+		return tr
+	}
+	fresh := tr.DeepCopy()
+	fresh.ResourceVersion = strconv.FormatUint(last.resourceVersion, 10)
+	fresh.Labels, fresh.Annotations, fresh.Finalizers = maps.Clone(last.labels), maps.Clone(last.annotations), slices.Clone(last.finalizers)
+	return fresh
 }
 
 // noteMirrorSet counts that the TaskRun's mirrors were set from what berth knows now.

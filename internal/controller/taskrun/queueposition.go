@@ -20,8 +20,10 @@ import (
 // moved; and the loop wakes at most positionWritesPerInterval TaskRuns per interval, the front
 // of the queues first.
 
-// DefaultPositionInterval is the least time between two writes of one TaskRun's position.
-const DefaultPositionInterval = 10 * time.Second
+// DefaultPositionInterval is the least time between two writes of one TaskRun's position. A
+// task that waits less than that is shown its place once, with the waiting label, in the same
+// write: a burst of short waits costs no rewrites at all.
+const DefaultPositionInterval = time.Minute
 
 // positionWritesPerInterval bounds the position refreshes of all TaskRuns in one interval.
 const positionWritesPerInterval = 50
@@ -37,32 +39,28 @@ type positionMark struct {
 	at       time.Time
 }
 
-// queuePosition is the position the TaskRun's annotation should show now (0: none), and, when
-// the place moved too soon after the last write, the time until it may be written.
-func (r *Reconciler) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (int, time.Duration) {
+// queuePosition is the position the TaskRun's annotation should show now (0: none). A place
+// not shown yet is shown as it is; a place shown already is rewritten only when the refresh
+// loop has made it due (see movedPositions), so that the loop's budget bounds every rewrite of
+// every waiter, however often hand-overs reconcile them.
+func (r *Reconciler) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) int {
 	if rec == nil || (rec.Status.Phase != berthv1.PhaseWaiting && rec.Status.Phase != "") {
-		return 0, 0
+		return 0
 	}
 	mark, marked := r.positionMark(tr)
 	now := r.Ledger.Position(rec.Spec.Platform, taskOf(tr))
-	if now == 0 {
+	switch {
+	case now == 0:
 		// Not queued in the ledger at this instant (between a release and the next Acquire):
 		// the place last shown stands.
-		return mark.position, 0
+		return mark.position
+	case !marked || mark.position == now:
+		return now
 	}
-	return heldPosition(mark, marked, now, r.now(), r.PositionInterval)
-}
-
-// heldPosition applies the bound: a moved place is written once interval has passed since the
-// last write; until then the last written one stands, for the time returned.
-func heldPosition(last positionMark, written bool, position int, now time.Time, interval time.Duration) (int, time.Duration) {
-	if !written || last.position == position {
-		return position, 0
+	if _, due := r.refreshDue.LoadAndDelete(taskOf(tr)); due {
+		return now
 	}
-	if since := now.Sub(last.at); since < interval {
-		return last.position, interval - since
-	}
-	return position, 0
+	return mark.position
 }
 
 func (r *Reconciler) positionMark(tr *pipelinev1.TaskRun) (positionMark, bool) {
@@ -102,7 +100,11 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			r.wake(r.movedPositions(positionWritesPerInterval / refreshesPerInterval))
+			due := r.movedPositions(positionWritesPerInterval / refreshesPerInterval)
+			for _, task := range due {
+				r.refreshDue.Store(task, struct{}{})
+			}
+			r.wake(due)
 		}
 	}
 }
@@ -133,6 +135,7 @@ func (r *Reconciler) movedPositions(budget int) []allocation.Task {
 		// A mark written since the queues were read may be of a task that waits now.
 		if !waiting[k.(allocation.Task)] && v.(positionMark).at.Before(now) {
 			r.positions.Delete(k)
+			r.refreshDue.Delete(k)
 		}
 		return true
 	})

@@ -5,32 +5,44 @@ import (
 	"testing"
 	"time"
 
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-func TestAMovedPlaceIsWrittenAtMostOncePerInterval(t *testing.T) {
-	last := positionMark{position: 5, at: t0}
-	for _, tc := range []struct {
-		name      string
-		written   bool
-		position  int
-		after     time.Duration
-		want      int
-		wantAfter time.Duration
-	}{
-		{"first write: at once", false, 5, 0, 5, 0},
-		{"unmoved: the same (no write)", true, 5, time.Second, 5, 0},
-		{"moved too soon: the last one stands until the interval is up", true, 3, 4 * time.Second, 5, 6 * time.Second},
-		{"moved after the interval: written", true, 3, 10 * time.Second, 3, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, wait := heldPosition(last, tc.written, tc.position, t0.Add(tc.after), 10*time.Second)
-			if got != tc.want || wait != tc.wantAfter {
-				t.Fatalf("got %d, wait %s; want %d, wait %s", got, wait, tc.want, tc.wantAfter)
-			}
-		})
+// A place not shown yet is shown as it is; a place shown already is rewritten only when the
+// refresh loop made it due, once.
+func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
+	l := allocation.New()
+	l.SetHosts([]allocation.Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
+	task := func(i int) allocation.Task { return allocation.Task{Namespace: "ns", Name: fmt.Sprintf("t%d", i)} }
+	for i := range 3 {
+		l.Acquire(allocation.Request{Task: task(i), Platform: "linux/s390x", Created: t0.Add(time.Duration(i) * time.Second)})
+	}
+	r := &Reconciler{Ledger: l, PositionInterval: time.Minute, now: func() time.Time { return t0 }}
+	tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "t2", UID: "uid-2"}}
+	rec := &berthv1.Allocation{Spec: berthv1.AllocationSpec{Platform: "linux/s390x"}}
+	if got := r.queuePosition(tr, rec); got != 2 {
+		t.Fatalf("a place not shown yet: %d, want 2", got)
+	}
+	r.notePosition(tr, 2)
+	l.Release(task(0)) // t1 takes the slot: t2 moves up to 1
+	if g := l.Acquire(allocation.Request{Task: task(1), Platform: "linux/s390x", Created: t0.Add(time.Second)}); g.Host != "a" {
+		t.Fatalf("t1 did not get the freed slot: %+v", g)
+	}
+	if got := r.queuePosition(tr, rec); got != 2 {
+		t.Fatalf("a moved place the loop has not made due: %d, want the 2 shown", got)
+	}
+	r.refreshDue.Store(task(2), struct{}{})
+	if got := r.queuePosition(tr, rec); got != 1 {
+		t.Fatalf("a moved place made due: %d, want 1", got)
+	}
+	if _, still := r.refreshDue.Load(task(2)); still {
+		t.Fatal("the refresh was not used up by the rewrite")
 	}
 }
 

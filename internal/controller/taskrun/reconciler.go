@@ -71,6 +71,7 @@ type Reconciler struct {
 	keys     sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready    sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
 	mirrors  sync.Map // TaskRun UID → mirrorState berth last wrote
+	patched  sync.Map // TaskRun UID → patchedMeta: the metadata berth's last patch left
 	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	now      func() time.Time
 	// mirrorSets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
@@ -79,6 +80,8 @@ type Reconciler struct {
 	// positions holds the place in line last written on each waiting TaskRun (allocation.Task
 	// → positionMark).
 	positions sync.Map
+	// refreshDue holds the waiters whose moved place the refresh loop let be rewritten.
+	refreshDue sync.Map
 	// started is when this controller started: only TaskRuns older than that can have been
 	// served by the controller berth replaces.
 	started time.Time

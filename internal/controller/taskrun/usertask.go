@@ -235,7 +235,7 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 			r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 		}
 	}
-	res, err := r.mirror(ctx, tr, rec) // it may hold a moved place back a while
+	res, err := r.mirror(ctx, tr, rec)
 	if left > 0 && (res.RequeueAfter == 0 || left < res.RequeueAfter) {
 		res.RequeueAfter = left
 	}
@@ -444,9 +444,7 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	if _, err := r.mirror(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	r.mirrors.Delete(tr.UID)
-	r.mirrorSets.Delete(tr.UID)
-	r.reverted.Delete(tr.UID)
+	r.forgetMirrors(tr.UID)
 	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
 		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
 	}
@@ -513,7 +511,16 @@ func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) 
 	if err := r.deleteSecret(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
 		return reconcile.Result{}, err
 	}
+	r.forgetMirrors(ref.UID)
 	return r.payDebts(ctx, rec)
+}
+
+// forgetMirrors drops what berth keeps about a TaskRun's mirrors once it has ended or gone.
+func (r *Reconciler) forgetMirrors(uid types.UID) {
+	r.mirrors.Delete(uid)
+	r.patched.Delete(uid)
+	r.mirrorSets.Delete(uid)
+	r.reverted.Delete(uid)
 }
 
 // payDebts removes owed build users, with backoff on failure, whatever the config says now:
