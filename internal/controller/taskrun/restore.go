@@ -85,8 +85,10 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 	for i := range records {
 		recorded[records[i].Spec.TaskRun.UID] = true
 	}
+	// Read only, so the cache's own objects will do: a copy of every TaskRun of a big cluster
+	// would be the controller's peak of memory.
 	var list pipelinev1.TaskRunList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	for i := range list.Items {
