@@ -14,15 +14,26 @@ import (
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// task is the i-th task of oneSlotLedger.
+func task(i int) allocation.Task {
+	return allocation.Task{Namespace: "ns", Name: fmt.Sprintf("t%d", i)}
+}
+
+// oneSlotLedger has one host of one slot on linux/s390x, held by task 0, and tasks 1..n-1
+// waiting in the order of their creation.
+func oneSlotLedger(n int) *allocation.Ledger {
+	l := allocation.New()
+	l.SetHosts([]allocation.Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
+	for i := range n {
+		l.Acquire(allocation.Request{Task: task(i), Platform: "linux/s390x", Created: t0.Add(time.Duration(i) * time.Second)})
+	}
+	return l
+}
+
 // A place not shown yet is shown as it is; a place shown already is rewritten only when the
 // refresh loop made it due, once.
 func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
-	l := allocation.New()
-	l.SetHosts([]allocation.Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
-	task := func(i int) allocation.Task { return allocation.Task{Namespace: "ns", Name: fmt.Sprintf("t%d", i)} }
-	for i := range 3 {
-		l.Acquire(allocation.Request{Task: task(i), Platform: "linux/s390x", Created: t0.Add(time.Duration(i) * time.Second)})
-	}
+	l := oneSlotLedger(3)
 	r := &Reconciler{Ledger: l, PositionInterval: time.Minute, now: func() time.Time { return t0 }}
 	tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "t2", UID: "uid-2"}}
 	rec := &berthv1.Allocation{Spec: berthv1.AllocationSpec{Platform: "linux/s390x"}}
@@ -49,12 +60,7 @@ func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
 // The refresh loop wakes only waiters whose shown place moved and may be rewritten, front of the
 // queues first and within its budget, and forgets those that wait no more.
 func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
-	l := allocation.New()
-	l.SetHosts([]allocation.Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
-	task := func(i int) allocation.Task { return allocation.Task{Namespace: "ns", Name: fmt.Sprintf("t%d", i)} }
-	for i := range 6 {
-		l.Acquire(allocation.Request{Task: task(i), Platform: "linux/s390x", Created: t0.Add(time.Duration(i) * time.Second)})
-	}
+	l := oneSlotLedger(6)
 	now := t0.Add(time.Minute)
 	r := &Reconciler{Ledger: l, PositionInterval: 10 * time.Second, now: func() time.Time { return now }}
 	// t1..t5 wait at 1..5; shown: t1 at 2 (moved), t2 at 2 (unmoved), t3 at 4 (moved, written
