@@ -10,11 +10,11 @@ import (
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
@@ -79,7 +79,9 @@ func (s *Stack) WaitForSamples(ctx context.Context, samples []*pipelinev1.TaskRu
 				unfinished = append(unfinished, tr.Name)
 				continue // running, or berth has not cleaned up yet
 			}
-			err := c.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &corev1.Secret{})
+			// berth's record of the task goes once its build user is removed from the host (the
+			// secret, whose key now logs in to nothing, stays with the TaskRun).
+			err := c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: string(tr.UID)}, &berthv1.Allocation{})
 			if !apierrors.IsNotFound(err) {
 				unfinished = append(unfinished, tr.Name)
 				continue
@@ -98,7 +100,7 @@ func (s *Stack) WaitForSamples(ctx context.Context, samples []*pipelinev1.TaskRu
 				}
 				parts = append(parts, sample.Name+" "+where)
 			}
-			summary := fmt.Sprintf("%d sample TaskRuns finished in %.1fs (%s); build users, secrets and finalizers cleaned up",
+			summary := fmt.Sprintf("%d sample TaskRuns finished in %.1fs (%s); build users, records and finalizers cleaned up",
 				len(samples), time.Since(start).Seconds(), strings.Join(parts, ", "))
 			if len(failed) > 0 {
 				return summary, fmt.Errorf("samples failed: %s", strings.Join(failed, "; "))
