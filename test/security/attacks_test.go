@@ -502,7 +502,7 @@ func TestFloodingNamespaceDoesNotStarveAnother(t *testing.T) {
 	}
 	eventually(t, "the flood holds both slots and queues the rest", func() (bool, error) {
 		ready, waiting := phases(t, flood.ns)
-		return ready == slots && waiting == floodSize-slots, fmt.Errorf("%d ready, %d waiting", ready, waiting)
+		return ready == slots && waiting == floodSize-slots, fmt.Errorf("%d ready, %d waiting; records: %s", ready, waiting, recordsOf(t, flood.ns))
 	})
 
 	floodWaitingWhenServed := -1
@@ -576,4 +576,26 @@ func phases(t *testing.T, ns string) (ready, waiting int) {
 		}
 	}
 	return ready, waiting
+}
+
+// recordsOf describes berth's records of the namespace's tasks, for a failure message.
+func recordsOf(t *testing.T, ns string) string {
+	t.Helper()
+	var list berthv1.AllocationList
+	if err := admin().List(context.Background(), &list, client.InNamespace(devstack.Namespace)); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, rec := range list.Items {
+		if rec.Spec.TaskRun.Namespace != ns {
+			continue
+		}
+		host := ""
+		if rec.Status.Login != nil {
+			host = rec.Status.Login.Host
+		}
+		out = append(out, fmt.Sprintf("%s %s host=%q attempt=%d failed=%v debts=%d message=%q",
+			rec.Spec.TaskRun.Name, rec.Status.Phase, host, rec.Status.Attempt, rec.Status.FailedHosts, len(rec.Status.Debts), rec.Status.Message))
+	}
+	return strings.Join(out, "; ")
 }
