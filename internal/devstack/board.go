@@ -4,7 +4,6 @@ import (
 	"context"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -15,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/controller/taskrun"
 )
 
 // What the dev stack shows of each user TaskRun: where berth has it, from berth's record of it
@@ -98,9 +98,9 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 	if err := c.List(ctx, &secrets, client.HasLabels{contract.SecretLabel}); err != nil {
 		return nil, err
 	}
-	hostOf := map[string]string{}
-	for _, s := range secrets.Items {
-		hostOf[s.Namespace+"/"+s.Name] = string(s.Data["host"])
+	secretOf := map[string]*corev1.Secret{}
+	for i := range secrets.Items {
+		secretOf[secrets.Items[i].Namespace+"/"+secrets.Items[i].Name] = &secrets.Items[i]
 	}
 	recordOf := map[string]*berthv1.Allocation{}
 	for i := range records.Items {
@@ -117,8 +117,7 @@ func (b *Board) Rows(ctx context.Context) ([]TaskRunRow, error) {
 			continue // berth's own TaskRuns
 		}
 		rec := recordOf[string(tr.UID)]
-		handedOver := rec != nil && rec.Status.BuildUser != "" &&
-			strings.HasPrefix(hostOf[tr.Namespace+"/"+contract.SecretPrefix+tr.Name], rec.Status.BuildUser+"@")
+		handedOver := rec != nil && taskrun.HandedOver(secretOf[tr.Namespace+"/"+contract.SecretPrefix+tr.Name], rec)
 		row := b.row(tr, rec, handedOver, isLocal(cfg, contract.Platform(tr)))
 		if row.State == StateWaiting {
 			waiting[row.Platform]++

@@ -93,12 +93,10 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 	}
 	for i := range list.Items {
 		tr := &list.Items[i]
-		if recorded[tr.UID] || tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask || !cfg.NamespaceAllowed(tr.Namespace) {
+		if recorded[tr.UID] || tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask {
 			continue
 		}
-		platform := contract.Platform(tr)
-		kind, known := cfg.Strategy(config.Platform(platform))
-		if strategy := r.strategyFor(kind); !known || strategy == nil || !strategy.holdsHosts() || len(cfg.Broken(config.Platform(platform))) > 0 {
+		if a := r.admission(cfg, tr); a.reason != "" || !a.strategy.holdsHosts() {
 			continue
 		}
 		if s, err := r.secretOf(ctx, tr.Namespace, tr.Name); err != nil {
@@ -106,7 +104,7 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 		} else if s != nil && ownedBy(s, tr.UID) {
 			continue // answered: an error, or a user handed over whose record is gone
 		}
-		r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: platform, Created: tr.CreationTimestamp.Time})
+		r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: contract.Platform(tr), Created: tr.CreationTimestamp.Time})
 	}
 	return nil
 }

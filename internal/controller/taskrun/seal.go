@@ -33,29 +33,37 @@ func newSealKey() ([]byte, error) {
 	return key, err
 }
 
-// sealOf is the seal of secret data for the record's current build user.
-func sealOf(rec *berthv1.Allocation, data map[string][]byte) string {
+// sealOf is the seal of secret data, by its digest, for the record's current build user.
+func sealOf(rec *berthv1.Allocation, dataDigest string) []byte {
 	m := hmac.New(sha256.New, rec.Status.SealKey)
-	m.Write([]byte(rec.Status.BuildUser + "\x00" + strconv.Itoa(rec.Status.Attempt) + "\x00" + digest(data)))
-	return base64.StdEncoding.EncodeToString(m.Sum(nil))
+	m.Write([]byte(rec.Status.BuildUser + "\x00" + strconv.Itoa(rec.Status.Attempt) + "\x00" + dataDigest))
+	return m.Sum(nil)
 }
 
-// seal puts the record's seal on the secret about to be handed over.
-func seal(s *corev1.Secret, rec *berthv1.Allocation) {
+// seal puts the record's seal on the secret about to be handed over, and returns the digest of
+// its data.
+func seal(s *corev1.Secret, rec *berthv1.Allocation) string {
+	d := digest(s.Data)
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations[SealAnnotation] = sealOf(rec, s.Data)
+	s.Annotations[SealAnnotation] = base64.StdEncoding.EncodeToString(sealOf(rec, d))
+	return d
 }
 
 // sealed tells a secret that berth handed over for the record's current build user.
 func sealed(s *corev1.Secret, rec *berthv1.Allocation) bool {
 	got, err := base64.StdEncoding.DecodeString(s.Annotations[SealAnnotation])
-	if err != nil || len(rec.Status.SealKey) == 0 {
-		return false
-	}
-	want, _ := base64.StdEncoding.DecodeString(sealOf(rec, s.Data))
-	return hmac.Equal(got, want)
+	return err == nil && len(rec.Status.SealKey) > 0 && hmac.Equal(got, sealOf(rec, digest(s.Data)))
+}
+
+// HandedOver tells whether s is the secret berth handed over to the task of rec: the record
+// holds a slot, and the secret is berth's for that TaskRun and carries the record's seal for
+// its current build user. (A record adopted from the controller berth replaces has no seal.)
+func HandedOver(s *corev1.Secret, rec *berthv1.Allocation) bool {
+	held := rec.Status.Login != nil && !rec.Status.SecretTampered &&
+		(rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady)
+	return held && s != nil && ownedBy(s, rec.Spec.TaskRun.UID) && sealed(s, rec)
 }
 
 // hold serves a task whose record holds a slot: its build user is being made (this process
@@ -90,7 +98,7 @@ func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec
 	if err != nil {
 		return nil, err
 	}
-	if s != nil && ownedBy(s, tr.UID) && sealed(s, rec) {
+	if HandedOver(s, rec) {
 		return s, nil
 	}
 	var live corev1.Secret
@@ -99,7 +107,7 @@ func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec
 		return nil, nil
 	case err != nil:
 		return nil, err
-	case ownedBy(&live, tr.UID) && sealed(&live, rec):
+	case HandedOver(&live, rec):
 		return &live, nil
 	}
 	return nil, nil

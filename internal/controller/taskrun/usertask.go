@@ -66,7 +66,6 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 
 // admit decides how the task's platform is served, or why it cannot be.
 func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
-	platform := contract.Platform(tr)
 	cfg := r.Config.Config()
 	if cfg == nil {
 		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
@@ -76,27 +75,46 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 		}
 		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", msg)
 	}
-	if !cfg.NamespaceAllowed(tr.Namespace) {
-		return reconcile.Result{}, r.fail(ctx, tr, "NamespaceNotAllowed", fmt.Sprintf(
-			"namespace %s may not use multi-platform builds (platform %s): it is not in allowed-namespaces of berth's host configuration. Ask the platform team to allow it.", tr.Namespace, platform))
-	}
-	kind, known := cfg.Strategy(config.Platform(platform))
-	strategy := r.strategyFor(kind)
-	switch broken := cfg.Broken(config.Platform(platform)); {
-	case !known:
-		return reconcile.Result{}, r.fail(ctx, tr, "UnknownPlatform", fmt.Sprintf(
-			"platform %q is not configured: berth serves %s. Fix the PLATFORM param of the task, or ask the platform team to add the platform.", platform, knownPlatforms(cfg)))
-	case len(broken) > 0:
-		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", fmt.Sprintf(
-			"the host configuration of platform %s is broken, so berth cannot serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
-			platform, broken.Summary(), contract.ConfigLabel, r.Namespace))
-	case strategy == nil:
-		return reconcile.Result{}, r.fail(ctx, tr, "PlatformUnsupported", fmt.Sprintf(
-			"platform %s is configured as %s, which this berth does not serve: use a static host or a local platform for it.", platform, kind))
-	case !strategy.holdsHosts():
+	a := r.admission(cfg, tr)
+	switch {
+	case a.reason != "":
+		return reconcile.Result{}, r.fail(ctx, tr, a.reason, a.message)
+	case !a.strategy.holdsHosts():
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	}
-	return r.reserve(ctx, tr, r.newRecord(tr, kind))
+	return r.reserve(ctx, tr, r.newRecord(tr, a.kind))
+}
+
+// admission is how the config in force serves a task's platform, or why it refuses the task.
+type admission struct {
+	kind     config.Strategy
+	strategy strategy
+	// reason and message say why the task is refused; reason is "" when it is not.
+	reason, message string
+}
+
+// admission decides, from cfg alone, whether the task may be served and how.
+func (r *Reconciler) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admission {
+	platform := contract.Platform(tr)
+	if !cfg.NamespaceAllowed(tr.Namespace) {
+		return admission{reason: "NamespaceNotAllowed", message: fmt.Sprintf(
+			"namespace %s may not use multi-platform builds (platform %s): it is not in allowed-namespaces of berth's host configuration. Ask the platform team to allow it.", tr.Namespace, platform)}
+	}
+	kind, known := cfg.Strategy(config.Platform(platform))
+	a := admission{kind: kind, strategy: r.strategyFor(kind)}
+	switch broken := cfg.Broken(config.Platform(platform)); {
+	case !known:
+		a.reason, a.message = "UnknownPlatform", fmt.Sprintf(
+			"platform %q is not configured: berth serves %s. Fix the PLATFORM param of the task, or ask the platform team to add the platform.", platform, knownPlatforms(cfg))
+	case len(broken) > 0:
+		a.reason, a.message = "ConfigInvalid", fmt.Sprintf(
+			"the host configuration of platform %s is broken, so berth cannot serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
+			platform, broken.Summary(), contract.ConfigLabel, r.Namespace)
+	case a.strategy == nil:
+		a.reason, a.message = "PlatformUnsupported", fmt.Sprintf(
+			"platform %s is configured as %s, which this berth does not serve: use a static host or a local platform for it.", platform, kind)
+	}
+	return a
 }
 
 func knownPlatforms(cfg *config.Config) string {
@@ -277,12 +295,12 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	seal(secret, rec)
+	handedOver := seal(secret, rec)
 	if err := r.writeSecret(ctx, tr, secret); err != nil {
 		return reconcile.Result{}, err
 	}
 	// The sealed secret is the record of the hand-over: the record itself is not written.
-	r.ready.Store(keyID(rec), digest(secret.Data))
+	r.ready.Store(keyID(rec), handedOver)
 	r.keys.Delete(keyID(rec))
 	r.Provisioner.Forget(j.ID)
 	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())

@@ -31,6 +31,7 @@ import (
 	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller"
+	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
@@ -336,21 +337,16 @@ func SecretsOfLiveTasks(ctx context.Context, c client.Reader, ns string) ([]stri
 	return live, nil
 }
 
-// HandedOver tells whether the record holds a slot and its task's secret names the record's
-// build user: the user is ready and the task has it. (berth writes no phase for that: the
-// record stays Provisioning, and berth's own seal on the secret tells; see SealKey.)
+// HandedOver tells whether the record's task has its build user: berth's sealed secret for
+// the record's current user is there (see taskrun.HandedOver; berth writes no phase for it).
 func HandedOver(ctx context.Context, c client.Reader, rec *berthv1.Allocation) (bool, error) {
-	if rec.Status.Login == nil || rec.Status.SecretTampered ||
-		(rec.Status.Phase != berthv1.PhaseProvisioning && rec.Status.Phase != berthv1.PhaseReady) {
-		return false, nil
-	}
 	ref := rec.Spec.TaskRun
 	var s corev1.Secret
 	err := c.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: contract.SecretPrefix + ref.Name}, &s)
 	if err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
-	return strings.HasPrefix(string(s.Data["host"]), rec.Status.BuildUser+"@"), nil
+	return taskrun.HandedOver(&s, rec), nil
 }
 
 // Ready waits until the task's build user is handed over (see HandedOver) and returns its
