@@ -331,3 +331,30 @@ func TestRetiredVMStaysKnownUntilRemoved(t *testing.T) {
 		}
 	}
 }
+
+// A transfer onto a task that holds a slot already moves nothing: the slot the source holds by
+// then (a new TaskRun of the same name) stays its own, and no slot is counted twice.
+func TestTransferNeverTakesASecondSlot(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{Name: "h", Platform: "p", Capacity: 2}})
+	task, debt := Task{Namespace: "ns", Name: "t"}, Task{Namespace: "ns", Name: "debt/t"}
+	if g := l.Acquire(Request{Task: task, Platform: "p"}); g.Host != "h" {
+		t.Fatalf("first: %+v", g)
+	}
+	if !l.Transfer(task, debt) {
+		t.Fatal("the first transfer moved nothing")
+	}
+	if g := l.Acquire(Request{Task: task, Platform: "p"}); g.Host != "h" {
+		t.Fatalf("the name's new TaskRun: %+v", g)
+	}
+	if l.Transfer(task, debt) {
+		t.Fatal("a second transfer onto the debt took the new TaskRun's slot")
+	}
+	if _, held := l.Holder(task); !held {
+		t.Fatal("the new TaskRun lost its slot")
+	}
+	l.Release(debt)
+	if g := l.Acquire(Request{Task: Task{Namespace: "ns", Name: "other"}, Platform: "p"}); g.Host != "h" {
+		t.Fatalf("the slot the debt freed was not free: %+v", g)
+	}
+}

@@ -33,7 +33,7 @@ func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *c
 		return nil, err
 	}
 	for i := range records.Items {
-		r.restoreRecord(&records.Items[i])
+		r.restoreRecord(&records.Items[i], false)
 	}
 	if err := r.restoreQueue(ctx, records.Items); err != nil {
 		return nil, err

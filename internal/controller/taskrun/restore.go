@@ -44,8 +44,16 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	r.restoreTurns(list.Items)
+	newest := map[allocation.Task]*berthv1.Allocation{}
 	for i := range list.Items {
-		r.restoreRecord(&list.Items[i])
+		rec := &list.Items[i]
+		if n := newest[taskOfRecord(rec)]; n == nil || n.CreationTimestamp.Before(&rec.CreationTimestamp) {
+			newest[taskOfRecord(rec)] = rec
+		}
+	}
+	for i := range list.Items {
+		rec := &list.Items[i]
+		r.restoreRecord(rec, newest[taskOfRecord(rec)] != rec)
 	}
 	if err := r.restoreQueue(ctx, list.Items); err != nil {
 		return false, err
@@ -127,13 +135,21 @@ func (r *Reconciler) restoreTurns(records []berthv1.Allocation) {
 	}
 }
 
-func (r *Reconciler) restoreRecord(rec *berthv1.Allocation) {
+// restoreRecord puts what the record holds into the ledger. A record that holds a slot for an
+// older TaskRun of a name a newer record also has (one deleted and created again) belongs to a
+// task that has ended: its slot is the clean it owes, not the name's, which the newer TaskRun
+// holds or waits for.
+func (r *Reconciler) restoreRecord(rec *berthv1.Allocation, superseded bool) {
 	task := taskOfRecord(rec)
 	switch rec.Status.Phase {
 	case berthv1.PhaseProvisioning, berthv1.PhaseReady:
-		if rec.Status.Login != nil {
-			r.Ledger.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
+		if rec.Status.Login == nil {
+			break
 		}
+		if superseded {
+			task = debtTask(rec, rec.Status.BuildUser)
+		}
+		r.Ledger.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
 	case berthv1.PhaseWaiting:
 		r.Ledger.Enqueue(allocation.Request{Task: task, Platform: rec.Spec.Platform,
 			Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
