@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
@@ -14,6 +16,14 @@ import (
 // KubectlPlugin is the name under which kubectl runs berth (a link to it on PATH) for
 // `kubectl berth ...`.
 const KubectlPlugin = "kubectl-berth"
+
+// NewLogger is the logger of every berth process: JSON, or human-readable when development,
+// stamped to the nanosecond (a hand-over takes milliseconds; a log in seconds cannot show
+// where one waited).
+func NewLogger(development bool, opts ...zap.Opts) logr.Logger {
+	stamp := func(o *zap.Options) { o.TimeEncoder = zapcore.RFC3339NanoTimeEncoder }
+	return zap.New(append([]zap.Opts{zap.UseDevMode(development), stamp}, opts...)...)
+}
 
 // NewRootCommand returns the berth command with all its subcommands.
 func NewRootCommand() *cobra.Command {
@@ -27,7 +37,7 @@ through the multi-platform-ssh-<taskrun> secret.`,
 		SilenceUsage:  true,
 		SilenceErrors: false,
 		PersistentPreRun: func(*cobra.Command, []string) {
-			ctrl.SetLogger(zap.New(zap.UseDevMode(development)))
+			ctrl.SetLogger(NewLogger(development))
 		},
 	}
 	root.PersistentFlags().BoolVar(&development, "log-development", false, "human-readable, verbose logs")

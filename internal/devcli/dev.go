@@ -313,7 +313,7 @@ func logToFile(path string, development bool) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := zap.New(zap.WriteTo(f), zap.UseDevMode(development))
+	logger := cli.NewLogger(development, zap.WriteTo(f))
 	ctrl.SetLogger(logger)
 	klog.SetLogger(logger)
 	return f, nil
