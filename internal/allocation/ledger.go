@@ -205,6 +205,25 @@ func (l *Ledger) Enqueue(req Request) {
 	}
 }
 
+// Join puts a task the ledger does not know yet in its platform's queue, as Enqueue does, and
+// tells whether a slot is free for it now (by the turns of plan), without reserving it: the
+// task's own Acquire does. A task already waiting or holding is left as it is. This is how an
+// arriving task takes its place in line the moment it is seen, before anything is written for
+// it.
+func (l *Ledger) Join(req Request) (canGo bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.holders[req.Task]; ok {
+		return false
+	}
+	p := l.platform(req.Platform)
+	if _, ok := p.waiters[req.Task]; ok {
+		return false
+	}
+	p.enqueue(req)
+	return slices.Contains(runnable(p), req.Task)
+}
+
 // Quarantine takes a host out of (or back into) service; its running tasks stay.
 func (l *Ledger) Quarantine(host string, on bool) []Task {
 	l.mu.Lock()

@@ -358,3 +358,42 @@ func TestTransferNeverTakesASecondSlot(t *testing.T) {
 		t.Fatalf("the slot the debt freed was not free: %+v", g)
 	}
 }
+
+func TestJoinTakesAPlaceInLineWithoutTakingASlot(t *testing.T) {
+	l := New()
+	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
+	if !l.Join(req(0)) {
+		t.Fatal("the first task joined an empty host's line and was not told it can go")
+	}
+	if _, held := l.Holder(task(0)); held {
+		t.Fatal("joining reserved a slot; only Acquire may")
+	}
+	if l.Join(req(0)) {
+		t.Fatal("joining twice must leave the task as it is and wake nobody")
+	}
+	if g := l.Acquire(req(0)); g.Host != "a" {
+		t.Fatalf("the joined task did not get the free slot: %+v", g)
+	}
+	if l.Join(req(0)) {
+		t.Fatal("a holder that joins again must wake nobody")
+	}
+	if _, held := l.Holder(task(0)); !held || l.Waiting()["linux/s390x"] != 0 {
+		t.Fatal("a holder that joins again must be left holding, not queued")
+	}
+	// Arrivals joined in any order wait in creation order, and only the first is told it can go.
+	for _, n := range []int{3, 1, 2} {
+		if l.Join(req(n)) {
+			t.Fatalf("t%02d was told it can go while the host is full", n)
+		}
+	}
+	wake := l.Release(task(0))
+	if len(wake) != 1 || wake[0] != task(1) {
+		t.Fatalf("the freed slot woke %v, want the oldest joined task t01", wake)
+	}
+	if g := l.Acquire(req(3)); g.Host != "" || g.Position != 3 {
+		t.Fatalf("the youngest joined task jumped the line: %+v", g)
+	}
+	if g := l.Acquire(req(1)); g.Host != "a" {
+		t.Fatalf("the oldest joined task did not get the slot: %+v", g)
+	}
+}

@@ -3,6 +3,8 @@ package taskrun_test
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -94,5 +96,45 @@ func TestNamespaceCapLeavesSlotsForOthers(t *testing.T) {
 	allDone(t, greedy, len(greedies))
 	settled(t, greedy)
 	settled(t, other)
+	noBuildUsersLeft(t)
+}
+
+// TestAWaiterRefusedLaterLeavesTheLine: a task waits in line; the config then stops allowing
+// its namespace. Its next reconcile answers it with an error secret and takes it out of line,
+// so the next freed slot goes to the task behind it instead of being kept for one that will
+// never take it.
+func TestAWaiterRefusedLaterLeavesTheLine(t *testing.T) {
+	applyConfig(t, 1, nil)
+	defer applyConfig(t, 1, nil)
+	ns := namespace(t)
+	gone := secondNamespace(t, "gone")
+	var holders []*pipelinev1.TaskRun
+	for i := range stackHosts {
+		holders = append(holders, create(t, userTaskRun(ns, fmt.Sprintf("h-%02d", i), platform, "")))
+	}
+	served, _ := servedAndWaiting(t, holders, stackHosts)
+	first := create(t, userTaskRun(gone, "first", platform, ""))
+	waiting(t, first)
+	behind := create(t, userTaskRun(ns, "behind", platform, ""))
+	waiting(t, behind)
+
+	applyConfig(t, 1, map[string]string{"allowed-namespaces": regexp.QuoteMeta(ns)})
+	// A tenant's edit is enough to have the waiter reconciled under the new config.
+	cur := get(t, first)
+	cur.Annotations = map[string]string{"touched": "yes"}
+	if err := c().Update(context.Background(), cur); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the refused waiter is answered with an error", func() (bool, error) {
+		msg := string(secretOf(t, first).Data["error"])
+		return strings.Contains(msg, "allowed-namespaces"), fmt.Errorf("error %q", msg)
+	})
+	finish(t, served[0])
+	ready(t, behind)
+	for _, tr := range append(served[1:], behind, first) {
+		finish(t, tr)
+	}
+	settled(t, ns)
+	settled(t, gone)
 	noBuildUsersLeft(t)
 }

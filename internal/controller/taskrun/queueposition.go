@@ -104,7 +104,9 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 			for _, task := range due {
 				r.refreshDue.Store(task, struct{}{})
 			}
-			r.wake(due)
+			for _, task := range due {
+				r.send(r.refreshes, task.Namespace, task.Name)
+			}
 		}
 	}
 }

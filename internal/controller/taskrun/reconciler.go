@@ -65,15 +65,17 @@ type Reconciler struct {
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
 
-	wakeups  chan event.GenericEvent
-	restore  sync.Mutex
-	restored atomic.Bool
-	keys     sync.Map // "uid/attempt" → private key of a user being provisioned
-	ready    sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
-	mirrors  sync.Map // TaskRun UID → mirrorState berth last wrote
-	patched  sync.Map // TaskRun UID → patchedMeta: the metadata berth's last patch left
-	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
-	now      func() time.Time
+	wakeups chan event.GenericEvent
+	// refreshes carries the wake-ups of the position refresh, which go in line with the rest.
+	refreshes chan event.GenericEvent
+	restore   sync.Mutex
+	restored  atomic.Bool
+	keys      sync.Map // "uid/attempt" → private key of a user being provisioned
+	ready     sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
+	mirrors   sync.Map // TaskRun UID → mirrorState berth last wrote
+	patched   sync.Map // TaskRun UID → patchedMeta: the metadata berth's last patch left
+	reverted  sync.Map // TaskRun UID → when berth last undid a tenant's edit
+	now       func() time.Time
 	// mirrorSets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
 	mirrorSets sync.Map
@@ -200,14 +202,18 @@ func (r *Reconciler) wake(tasks []allocation.Task) {
 	}
 }
 
-func (r *Reconciler) wakeKey(namespace, name string) {
+// wakeKey reconciles one TaskRun name before the arrivals in line (see handOverPriority).
+func (r *Reconciler) wakeKey(namespace, name string) { r.send(r.wakeups, namespace, name) }
+
+// send puts the TaskRun's name on a wake-up channel without blocking.
+func (r *Reconciler) send(ch chan event.GenericEvent, namespace, name string) {
 	tr := &pipelinev1.TaskRun{}
 	tr.Namespace, tr.Name = namespace, name
 	ev := event.GenericEvent{Object: tr}
 	select {
-	case r.wakeups <- ev:
+	case ch <- ev:
 	default:
-		go func() { r.wakeups <- ev }()
+		go func() { ch <- ev }()
 	}
 }
 

@@ -101,20 +101,61 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 	}
 	for i := range list.Items {
 		tr := &list.Items[i]
-		if recorded[tr.UID] || tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask {
+		if recorded[tr.UID] {
 			continue
 		}
-		if a := r.admission(cfg, tr); a.reason != "" || !a.strategy.holdsHosts() {
-			continue
-		}
-		if s, err := r.secretOf(ctx, tr.Namespace, tr.Name); err != nil {
+		if req, ok, err := r.lineRequest(ctx, cfg, tr); err != nil {
 			return err
-		} else if s != nil && ownedBy(s, tr.UID) {
-			continue // answered: an error, or a user handed over whose record is gone
+		} else if ok {
+			r.Ledger.Enqueue(req)
 		}
-		r.Ledger.Enqueue(allocation.Request{Task: taskOf(tr), Platform: contract.Platform(tr), Created: tr.CreationTimestamp.Time})
 	}
 	return nil
+}
+
+// lineRequest is the ledger's request for a user TaskRun that waits for a slot without a
+// record: still running, admitted by cfg to a platform whose tasks hold hosts, and not answered
+// by a secret of berth's (an error, or a user handed over whose record is gone). ok is false
+// for any other TaskRun. Whoever asks has checked that it has no record.
+func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pipelinev1.TaskRun) (allocation.Request, bool, error) {
+	if tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask {
+		return allocation.Request{}, false, nil
+	}
+	if a := r.admission(cfg, tr); a.reason != "" || !a.strategy.holdsHosts() {
+		return allocation.Request{}, false, nil
+	}
+	if s, err := r.secretOf(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
+		return allocation.Request{}, false, err
+	}
+	return allocation.Request{Task: taskOf(tr), Platform: contract.Platform(tr), Created: tr.CreationTimestamp.Time}, true, nil
+}
+
+// joinLine puts a user TaskRun in its platform's line the moment the watch shows it, before
+// its reconcile: the ledger knows every waiter at once, so a freed slot goes by the ledger's
+// turns (namespaces in turn, the oldest first) even while the reconciles that label arrivals
+// wait behind hand-overs (see handOverPriority). One that can go now is woken at once. Its
+// reconcile is the authority still: it takes the slot, or takes the task out of line when it
+// is refused or answered (leaveLine). Until the queue is restored, restoreQueue does this.
+func (r *Reconciler) joinLine(ctx context.Context, tr *pipelinev1.TaskRun) {
+	cfg := r.Config.Config()
+	if cfg == nil || !r.restored.Load() || r.classify(tr) != userTask {
+		return
+	}
+	if records, err := r.recordsOf(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
+		return
+	}
+	if req, ok, err := r.lineRequest(ctx, cfg, tr); err == nil && ok && r.Ledger.Join(req) {
+		r.wakeKey(tr.Namespace, tr.Name)
+	}
+}
+
+// leaveLine takes a task that holds no slot out of its line: it was refused or answered
+// without one, and must not stand first in line for a slot it will never take.
+func (r *Reconciler) leaveLine(tr *pipelinev1.TaskRun) {
+	task := taskOf(tr)
+	if _, held := r.Ledger.Holder(task); !held {
+		r.wake(r.Ledger.Release(task))
+	}
 }
 
 // restoreTurns tells the ledger whose turn came when, in the order the records' slots were

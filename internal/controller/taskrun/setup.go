@@ -12,11 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -36,6 +39,7 @@ import (
 // TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	r.wakeups = make(chan event.GenericEvent, 4096)
+	r.refreshes = make(chan event.GenericEvent, positionWritesPerInterval)
 	occupancy.ledger.Store(r.Ledger)
 	if r.now == nil {
 		r.now = time.Now
@@ -61,15 +65,18 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey); err != nil {
 		return err
 	}
+	userTasks := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return r.classify(o.(*pipelinev1.TaskRun)) != unrelated
+	})
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("taskrun").
-		For(&pipelinev1.TaskRun{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return r.classify(o.(*pipelinev1.TaskRun)) != unrelated
-		}))).
+		For(&pipelinev1.TaskRun{}, builder.WithPredicates(userTasks)).
+		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(userTasks)).
 		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
 		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
-		WatchesRawSource(source.Channel(r.wakeups, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.wakeups, wakeHandler())).
+		WatchesRawSource(source.Channel(r.refreshes, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
 	if err != nil {
@@ -82,6 +89,64 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Named("buildhost").
 		For(&berthv1.BuildHost{}).
 		Complete(&HostRecords{Reconciler: r})
+}
+
+// handOverPriority is the place in the work queue of what passes a slot on: a task that ended
+// (its user removed, its slot freed) and a wake-up (a slot freed, a host job ended, a task that
+// can go now). It goes before labelling arrivals that only join the line: behind a burst of
+// thousands of those, a freed slot would otherwise sit idle for as long as labelling them
+// takes. No arrival loses its turn by it, since each joins the ledger's line the moment the
+// watch shows it (joinLine).
+const handOverPriority = 10
+
+// addFirst queues the reconcile of the object's name with handOverPriority.
+func addFirst(q workqueue.TypedRateLimitingInterface[reconcile.Request], o client.Object) {
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}
+	if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handOverPriority)}, req)
+		return
+	}
+	q.Add(req)
+}
+
+// ended tells a TaskRun whose end frees what it held: finished, or being deleted.
+func ended(tr *pipelinev1.TaskRun) bool { return tr.IsDone() || tr.DeletionTimestamp != nil }
+
+// wakeHandler queues every wake-up first.
+func wakeHandler() handler.EventHandler {
+	return handler.Funcs{GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		addFirst(q, e.Object)
+	}}
+}
+
+// firstLook sees a user TaskRun's event before any reconcile: one that ended or went is queued
+// first (its end frees a slot); any other joins its line (joinLine).
+func (r *Reconciler) firstLook() handler.EventHandler {
+	look := func(ctx context.Context, old, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		tr, ok := o.(*pipelinev1.TaskRun)
+		switch {
+		case !ok:
+		case ended(tr):
+			// Once, as it ends: later events of an ended TaskRun (berth's own patch taking its
+			// finalizer off) go in line with the rest.
+			if was, ok := old.(*pipelinev1.TaskRun); !ok || !ended(was) {
+				addFirst(q, tr)
+			}
+		default:
+			r.joinLine(ctx, tr)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			look(ctx, nil, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			look(ctx, e.ObjectOld, e.ObjectNew, q)
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			addFirst(q, e.Object)
+		},
+	}
 }
 
 // userTaskOfInternal wakes the user TaskRun an internal TaskRun (--provisioner=taskrun) works

@@ -35,8 +35,12 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	}
 	if rec == nil {
 		secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
-		if err != nil || (secret != nil && ownedBy(secret, tr.UID)) {
-			return reconcile.Result{}, err // answered already: local or an error
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if secret != nil && ownedBy(secret, tr.UID) {
+			r.leaveLine(tr) // answered already: local or an error
+			return reconcile.Result{}, nil
 		}
 		return r.admit(ctx, tr)
 	}
@@ -73,13 +77,16 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 			msg = fmt.Sprintf("berth's host configuration cannot be used at all (%s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
 				rejected.Fatal().Summary(), contract.ConfigLabel, r.Namespace)
 		}
+		r.leaveLine(tr)
 		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", msg)
 	}
 	a := r.admission(cfg, tr)
 	switch {
 	case a.reason != "":
+		r.leaveLine(tr)
 		return reconcile.Result{}, r.fail(ctx, tr, a.reason, a.message)
 	case !a.strategy.holdsHosts():
+		r.leaveLine(tr)
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	}
 	return r.reserve(ctx, tr, r.newRecord(tr, a.kind))

@@ -1,0 +1,70 @@
+package taskrun
+
+import (
+	"context"
+	"testing"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"knative.dev/pkg/apis"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/controller/hostconfig"
+)
+
+func taskRunNamed(name string) *pipelinev1.TaskRun {
+	return &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name}}
+}
+
+func doneTaskRun(name string) *pipelinev1.TaskRun {
+	tr := taskRunNamed(name)
+	tr.Status.SetCondition(&apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue})
+	return tr
+}
+
+// TestHandOversGoBeforeArrivals: in the controller's work queue, a wake-up and a TaskRun that
+// has just ended are handed to a worker before arrivals queued earlier; an ended TaskRun's later
+// events (berth's own patch taking its finalizer off) are not.
+func TestHandOversGoBeforeArrivals(t *testing.T) {
+	ctx := context.Background()
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	arrivals := &handler.EnqueueRequestForObject{}
+	for _, name := range []string{"a1", "a2", "a3"} {
+		arrivals.Create(ctx, event.CreateEvent{Object: taskRunNamed(name)}, q)
+	}
+	// No config in force: firstLook leaves arrivals to their reconcile.
+	r := &Reconciler{Config: hostconfig.NewStore(), Ledger: allocation.New()}
+	look := r.firstLook()
+	look.Update(ctx, event.UpdateEvent{ObjectOld: taskRunNamed("again"), ObjectNew: doneTaskRun("again")}, q)
+	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("again"), ObjectNew: doneTaskRun("again")}, q)
+	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("patched"), ObjectNew: doneTaskRun("patched")}, q)
+	look.Create(ctx, event.CreateEvent{Object: taskRunNamed("a4")}, q)
+	wakeHandler().Generic(ctx, event.GenericEvent{Object: taskRunNamed("woken")}, q)
+
+	var order []string
+	var first []int
+	for q.Len() > 0 {
+		item, priority, _ := q.GetWithPriority()
+		order = append(order, item.Name)
+		first = append(first, priority)
+		q.Done(item)
+	}
+	want := []string{"again", "woken", "a1", "a2", "a3"}
+	if len(order) != len(want) {
+		t.Fatalf("queue handed out %v, want %v", order, want)
+	}
+	for i := range want {
+		if order[i] != want[i] {
+			t.Fatalf("queue handed out %v (priorities %v), want %v", order, first, want)
+		}
+	}
+	if first[0] != handOverPriority || first[1] != handOverPriority || first[2] != 0 {
+		t.Fatalf("priorities %v: the ended task and the wake-up must go with handOverPriority, arrivals with 0", first)
+	}
+}
