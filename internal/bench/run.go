@@ -69,7 +69,7 @@ func Run(ctx context.Context, sc Scenario, o Options) (*Result, error) {
 	if dir == "" {
 		dir, err = os.MkdirTemp("", "berth-bench-")
 	} else {
-		err = os.MkdirAll(dir, 0o755)
+		dir, err = freshDir(dir)
 	}
 	if err != nil {
 		return nil, err
@@ -79,6 +79,26 @@ func Run(ctx context.Context, sc Scenario, o Options) (*Result, error) {
 		created: map[string]time.Time{}, secretAt: map[string]time.Time{}, errorAt: map[string]time.Time{},
 		doneAt: map[string]time.Time{}, owners: owners{}}
 	return r.run(ctx)
+}
+
+// freshDir makes dir, or dir-2, dir-3, … when an earlier run left its logs there: a run's
+// writes are counted from its audit log, which kube-apiserver appends to.
+func freshDir(dir string) (string, error) {
+	for n := 1; ; n++ {
+		try := dir
+		if n > 1 {
+			try = fmt.Sprintf("%s-%d", dir, n)
+		}
+		if err := os.MkdirAll(filepath.Dir(try), 0o755); err != nil {
+			return "", err
+		}
+		switch err := os.Mkdir(try, 0o755); {
+		case err == nil:
+			return try, nil
+		case !os.IsExist(err):
+			return "", err
+		}
+	}
 }
 
 // run is one run's state.
