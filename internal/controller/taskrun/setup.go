@@ -144,6 +144,7 @@ func (r *Reconciler) firstLook() handler.EventHandler {
 			look(ctx, e.ObjectOld, e.ObjectNew, q)
 		},
 		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.forgetMirrors(e.Object.GetUID()) // gone: nothing is ever written on it again
 			addFirst(q, e.Object)
 		},
 	}

@@ -469,11 +469,14 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	if _, err := r.mirror(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	r.forgetMirrors(tr.UID)
 	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
 		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
 	}
 	if rec == nil {
+		// What berth last wrote on the TaskRun is kept until its record is gone: the passes in
+		// between (the clean ending a moment later) must not take the cache's older copy for
+		// the TaskRun as it is, and patch it again on that copy.
+		r.forgetMirrors(tr.UID)
 		return reconcile.Result{}, nil
 	}
 	return r.payDebts(ctx, rec)
