@@ -29,7 +29,7 @@ func doneTaskRun(name string) *pipelinev1.TaskRun {
 
 // TestHandOversGoBeforeArrivals: in the controller's work queue, a wake-up and a TaskRun that
 // has just ended are handed to a worker before arrivals queued earlier; an ended TaskRun's later
-// events (berth's own patch taking its finalizer off) are not.
+// events (berth's own patch taking its finalizer off) are not, nor one a start finds ended.
 func TestHandOversGoBeforeArrivals(t *testing.T) {
 	ctx := context.Background()
 	q := priorityqueue.New[reconcile.Request]("test")
@@ -45,6 +45,7 @@ func TestHandOversGoBeforeArrivals(t *testing.T) {
 	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("again"), ObjectNew: doneTaskRun("again")}, q)
 	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("patched"), ObjectNew: doneTaskRun("patched")}, q)
 	look.Create(ctx, event.CreateEvent{Object: taskRunNamed("a4")}, q)
+	look.Create(ctx, event.CreateEvent{Object: doneTaskRun("long-ended"), IsInInitialList: true}, q)
 	wakeHandler().Generic(ctx, event.GenericEvent{Object: taskRunNamed("woken")}, q)
 
 	var order []string

@@ -138,7 +138,11 @@ func (r *Reconciler) firstLook() handler.EventHandler {
 	}
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			look(ctx, nil, e.Object, q)
+			// Not what a start finds (thousands of TaskRuns long ended, maybe): restoreQueue
+			// rebuilds the line, and controller-runtime queues those after everything else.
+			if !e.IsInInitialList {
+				look(ctx, nil, e.Object, q)
+			}
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			look(ctx, e.ObjectOld, e.ObjectNew, q)
