@@ -205,6 +205,21 @@ func (l *Ledger) Enqueue(req Request) {
 	}
 }
 
+// Knows tells whether the task holds a slot or waits in the queue of platform.
+func (l *Ledger) Knows(task Task, platform string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.holders[task]; ok {
+		return true
+	}
+	p, ok := l.platforms[platform]
+	if !ok {
+		return false
+	}
+	_, waits := p.waiters[task]
+	return waits
+}
+
 // Join puts a task the ledger does not know yet in its platform's queue, as Enqueue does, and
 // tells whether a slot is free for it now (by the turns of plan), without reserving it: the
 // task's own Acquire does. A task already waiting or holding is left as it is. This is how an

@@ -362,8 +362,14 @@ func TestTransferNeverTakesASecondSlot(t *testing.T) {
 func TestJoinTakesAPlaceInLineWithoutTakingASlot(t *testing.T) {
 	l := New()
 	l.SetHosts([]Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
+	if l.Knows(task(0), "linux/s390x") {
+		t.Fatal("a task never seen is known to the ledger")
+	}
 	if !l.Join(req(0)) {
 		t.Fatal("the first task joined an empty host's line and was not told it can go")
+	}
+	if !l.Knows(task(0), "linux/s390x") {
+		t.Fatal("a task that joined is not known to the ledger")
 	}
 	if _, held := l.Holder(task(0)); held {
 		t.Fatal("joining reserved a slot; only Acquire may")
@@ -377,7 +383,7 @@ func TestJoinTakesAPlaceInLineWithoutTakingASlot(t *testing.T) {
 	if l.Join(req(0)) {
 		t.Fatal("a holder that joins again must wake nobody")
 	}
-	if _, held := l.Holder(task(0)); !held || l.Waiting()["linux/s390x"] != 0 {
+	if _, held := l.Holder(task(0)); !held || l.Waiting()["linux/s390x"] != 0 || !l.Knows(task(0), "linux/s390x") {
 		t.Fatal("a holder that joins again must be left holding, not queued")
 	}
 	// Arrivals joined in any order wait in creation order, and only the first is told it can go.

@@ -84,13 +84,13 @@ func Run(ctx context.Context, sc Scenario, o Options) (*Result, error) {
 // freshDir makes dir, or dir-2, dir-3, … when an earlier run left its logs there: a run's
 // writes are counted from its audit log, which kube-apiserver appends to.
 func freshDir(dir string) (string, error) {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
 	for n := 1; ; n++ {
 		try := dir
 		if n > 1 {
 			try = fmt.Sprintf("%s-%d", dir, n)
-		}
-		if err := os.MkdirAll(filepath.Dir(try), 0o755); err != nil {
-			return "", err
 		}
 		switch err := os.Mkdir(try, 0o755); {
 		case err == nil:

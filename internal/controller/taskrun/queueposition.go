@@ -103,8 +103,6 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 			due := r.movedPositions(positionWritesPerInterval / refreshesPerInterval)
 			for _, task := range due {
 				r.refreshDue.Store(task, struct{}{})
-			}
-			for _, task := range due {
 				r.send(r.refreshes, task.Namespace, task.Name)
 			}
 		}

@@ -121,7 +121,7 @@ func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pi
 	if tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask {
 		return allocation.Request{}, false, nil
 	}
-	if a := r.admission(cfg, tr); a.reason != "" || !a.strategy.holdsHosts() {
+	if !r.admission(cfg, tr).holdsHost() {
 		return allocation.Request{}, false, nil
 	}
 	if s, err := r.secretOf(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
@@ -133,20 +133,20 @@ func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pi
 // joinLine puts a user TaskRun in its platform's line the moment the watch shows it, before
 // its reconcile: the ledger knows every waiter at once, so a freed slot goes by the ledger's
 // turns (namespaces in turn, the oldest first) even while the reconciles that label arrivals
-// wait behind hand-overs (see handOverPriority). One that can go now is woken at once. Its
+// wait behind hand-overs (see handOverPriority). It tells whether the task can go now. Its
 // reconcile is the authority still: it takes the slot, or takes the task out of line when it
 // is refused or answered (leaveLine). Until the queue is restored, restoreQueue does this.
-func (r *Reconciler) joinLine(ctx context.Context, tr *pipelinev1.TaskRun) {
-	cfg := r.Config.Config()
-	if cfg == nil || !r.restored.Load() || r.classify(tr) != userTask {
-		return
+// Every event of a task the ledger knows (waiting or holding) ends at the first check, so
+// only arrivals cost the cache reads.
+func (r *Reconciler) joinLine(ctx context.Context, tr *pipelinev1.TaskRun) bool {
+	if !r.restored.Load() || r.Ledger.Knows(taskOf(tr), contract.Platform(tr)) {
+		return false
 	}
 	if records, err := r.recordsOf(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
-		return
+		return false
 	}
-	if req, ok, err := r.lineRequest(ctx, cfg, tr); err == nil && ok && r.Ledger.Join(req) {
-		r.wakeKey(tr.Namespace, tr.Name)
-	}
+	req, ok, err := r.lineRequest(ctx, r.Config.Config(), tr)
+	return err == nil && ok && r.Ledger.Join(req)
 }
 
 // leaveLine takes a task that holds no slot out of its line: it was refused or answered

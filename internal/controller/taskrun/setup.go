@@ -120,7 +120,8 @@ func wakeHandler() handler.EventHandler {
 }
 
 // firstLook sees a user TaskRun's event before any reconcile: one that ended or went is queued
-// first (its end frees a slot); any other joins its line (joinLine).
+// first (its end frees a slot); any other joins its line (joinLine), and goes first when a
+// slot is free for it.
 func (r *Reconciler) firstLook() handler.EventHandler {
 	look := func(ctx context.Context, old, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		tr, ok := o.(*pipelinev1.TaskRun)
@@ -132,8 +133,8 @@ func (r *Reconciler) firstLook() handler.EventHandler {
 			if was, ok := old.(*pipelinev1.TaskRun); !ok || !ended(was) {
 				addFirst(q, tr)
 			}
-		default:
-			r.joinLine(ctx, tr)
+		case r.joinLine(ctx, tr):
+			addFirst(q, tr) // a slot is free for it
 		}
 	}
 	return handler.Funcs{

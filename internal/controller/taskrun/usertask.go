@@ -70,23 +70,14 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 
 // admit decides how the task's platform is served, or why it cannot be.
 func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
-	cfg := r.Config.Config()
-	if cfg == nil {
-		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
-		if rejected, _ := r.Config.Rejected(); rejected != nil {
-			msg = fmt.Sprintf("berth's host configuration cannot be used at all (%s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
-				rejected.Fatal().Summary(), contract.ConfigLabel, r.Namespace)
-		}
-		r.leaveLine(tr)
-		return reconcile.Result{}, r.fail(ctx, tr, "ConfigInvalid", msg)
+	a := r.admission(r.Config.Config(), tr)
+	if !a.holdsHost() {
+		r.leaveLine(tr) // refused, or served locally: it never takes a slot
 	}
-	a := r.admission(cfg, tr)
 	switch {
 	case a.reason != "":
-		r.leaveLine(tr)
 		return reconcile.Result{}, r.fail(ctx, tr, a.reason, a.message)
 	case !a.strategy.holdsHosts():
-		r.leaveLine(tr)
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	}
 	return r.reserve(ctx, tr, r.newRecord(tr, a.kind))
@@ -100,8 +91,20 @@ type admission struct {
 	reason, message string
 }
 
-// admission decides, from cfg alone, whether the task may be served and how.
+// holdsHost tells an admitted task that takes a slot of a host.
+func (a admission) holdsHost() bool { return a.reason == "" && a.strategy.holdsHosts() }
+
+// admission decides, from cfg alone (nil: no config in force), whether the task may be served
+// and how.
 func (r *Reconciler) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admission {
+	if cfg == nil {
+		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
+		if rejected, _ := r.Config.Rejected(); rejected != nil {
+			msg = fmt.Sprintf("berth's host configuration cannot be used at all (%s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
+				rejected.Fatal().Summary(), contract.ConfigLabel, r.Namespace)
+		}
+		return admission{reason: "ConfigInvalid", message: msg}
+	}
 	platform := contract.Platform(tr)
 	if !cfg.NamespaceAllowed(tr.Namespace) {
 		return admission{reason: "NamespaceNotAllowed", message: fmt.Sprintf(
