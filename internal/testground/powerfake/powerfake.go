@@ -488,7 +488,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusGatewayTimeout, "gateway timeout")
 		return
 	}
-	view, _ := s.view(p)
+	// Power VS answers a create as it accepts it, minutes before the machine is up: the
+	// answer shows it building even when the stand-in's machine booted at once.
+	view, _ := s.viewAs(p, "BUILD")
 	reply(w, http.StatusCreated, models.PVMInstanceList{view})
 }
 
@@ -676,11 +678,15 @@ func (s *Server) volumeRef(v *volume) *models.VolumeReference {
 // view is the instance as the API shows it, and false when the API knows it no more (its
 // machine vanished). The caller holds mu.
 func (s *Server) view(p *pvm) (*models.PVMInstance, bool) {
+	return s.viewAs(p, s.status(p))
+}
+
+// viewAs is view with the instance in status.
+func (s *Server) viewAs(p *pvm, status string) (*models.PVMInstance, bool) {
 	m, ok := s.opts.Machines.Instance(p.vmID)
 	if !ok || m.Vanished {
 		return nil, false
 	}
-	status := s.status(p)
 	b := p.body
 	var nets []*models.PVMInstanceNetwork
 	for i, n := range networkNames(&b) {
