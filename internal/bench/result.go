@@ -47,6 +47,11 @@ type Result struct {
 	WritesOutsideTasks int                   `json:"apiWritesOutsideTasks"`
 	WritesByKind       map[string]KindWrites `json:"apiWritesByKind"`
 	EventsWritten      int                   `json:"eventsWritten"`
+	// ServerWriteTime is how long kube-apiserver took over each write of the controller in
+	// the measured part, from receiving it to answering (its audit log's two timestamps). A
+	// hand-over waits for at least one write, so on a loaded machine its p50 and p99 are a
+	// floor under slotFreedToNextAllocationMs that no controller can go below.
+	ServerWriteTime Percentiles `json:"apiServerWriteMs"`
 	// Provisioner is how the controller reached the hosts: ssh (from its own process) or
 	// taskrun (provision TaskRuns the simulation completed).
 	Provisioner string `json:"provisioner"`

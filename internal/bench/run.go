@@ -436,6 +436,7 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 	}
 	res.WritesPerTaskNoWait, res.WritesPerTaskWaited, res.TasksWaited = tally.perTaskAverages()
 	res.WritesOutsideTasks, res.WritesByKind, res.EventsWritten = tally.outside, tally.kinds(), tally.events
+	res.ServerWriteTime = percentiles(tally.serverTimes)
 	if res.Incomplete == "" && res.Served == 0 {
 		res.Incomplete = fmt.Sprintf("the controller served no task (controller log: %s)", r.ctrl.logPath)
 	}

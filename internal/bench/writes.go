@@ -92,6 +92,8 @@ type writeTally struct {
 	total   int
 	outside int
 	events  int
+	// serverTimes is how long the apiserver took over each write of the measured part.
+	serverTimes []time.Duration
 }
 
 func newWriteTally(o owners, from time.Time, waited map[string]bool) *writeTally {
@@ -120,6 +122,9 @@ func (w *writeTally) add(ev *auditv1.Event) {
 	}
 	w.total++
 	k.Total++
+	if done := ev.StageTimestamp.Time; ev.Stage == auditv1.StageResponseComplete && !done.Before(at) {
+		w.serverTimes = append(w.serverTimes, done.Sub(at))
+	}
 	if task == "" {
 		w.outside++
 		k.OutsideTasks++

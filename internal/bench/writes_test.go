@@ -157,4 +157,30 @@ func TestAuditLogRecordsTheControllersWrites(t *testing.T) {
 	if got := tally.kinds(); !maps.Equal(got, want) {
 		t.Errorf("by kind %v, want %v", got, want)
 	}
+	// The real apiserver logs when it received each write and when it answered.
+	if got := percentiles(tally.serverTimes); got.N != 3 || got.P50 <= 0 || got.Max > float64(time.Minute.Milliseconds()) {
+		t.Errorf("apiserver time per write %+v; want 3 writes, each between 0 and a minute", got)
+	}
+}
+
+// Only answered writes of the measured part say how long the apiserver took.
+func TestWriteTallyTimesTheServersAnswers(t *testing.T) {
+	o := owners{}
+	o.addTask("task-00001", "")
+	tally := newWriteTally(o, at(100), map[string]bool{"task-00001": false})
+	answered := func(ev *auditv1.Event, took time.Duration) *auditv1.Event {
+		ev.Stage = auditv1.StageResponseComplete
+		ev.StageTimestamp = metav1.NewMicroTime(ev.RequestReceivedTimestamp.Add(took))
+		return ev
+	}
+	tally.add(answered(write("patch", "tekton.dev", "taskruns", "", "task-00001", at(101)), 20*time.Millisecond))
+	tally.add(answered(write("create", "", "secrets", "", "multi-platform-ssh-task-00001", at(102)), 180*time.Millisecond))
+	tally.add(answered(write("patch", "tekton.dev", "taskruns", "", "task-00001", at(99)), time.Second)) // before the measured part
+	panicked := write("delete", "", "secrets", "", "multi-platform-ssh-task-00001", at(103))
+	panicked.Stage, panicked.StageTimestamp = auditv1.StagePanic, metav1.NewMicroTime(at(108))
+	tally.add(panicked)
+	got := percentiles(tally.serverTimes)
+	if got.N != 2 || got.P50 != 20 || got.Max != 180 {
+		t.Errorf("apiserver time per write %+v; want 2 writes, p50 20 ms, max 180 ms", got)
+	}
 }

@@ -86,6 +86,8 @@ What a run reports:
   apiWritesByKind             resource and verb (e.g. "taskruns.tekton.dev patch") →
                               {total, noWaitTasks, waitedTasks, outsideTasks}
   eventsWritten               the controller's writes to Events in the measured part
+  apiServerWriteMs            how long kube-apiserver took over each of those writes,
+                              received → answered (audit log): a floor under any hand-over
   controllerPeakRssMiB, controllerCpuSeconds   from /proc, across chaos restarts
   overcommitViolations        a host or VM ever assigned more tasks than its slots
   userTaskWarnings            Warning events on user TaskRuns by reason (none deserved)
