@@ -21,10 +21,11 @@ import (
 // quickScale is the quick bench's scale: small enough for every `make test`.
 const quickScale = 0.05
 
-// TestQuickBench runs each scenario but large at quickScale against berth-dev's controller and
-// fails only on correctness: every task served, no error secret, no over-commit, no Warning on
-// a user task, and on VM platforms no leaked VM, no double launch, no launch above
-// max-instances, no single-use VM reused. Timings on a shared CI machine say little; they are
+// TestQuickBench runs each scenario but large at quickScale against berth-dev's controller,
+// and static also against the floor (bench --floor), and fails only on correctness: every
+// task served, no error secret, no over-commit, no Warning on a user task, and on VM
+// platforms no leaked VM, no double launch, no launch above max-instances, no single-use VM
+// reused. Timings on a shared CI machine say little; they are
 // printed (t.Log, and into $QUICK_BENCH_REPORT when set, which make test prints) so that a
 // broken harness shows. The static run also profiles the controller, checking
 // --pprof-bind-address and the profiles end to end.
@@ -47,8 +48,10 @@ func TestQuickBench(t *testing.T) {
 	}
 	var runs []*quickRun
 	var wg sync.WaitGroup
-	for _, name := range []string{"static", "idle-cluster", "dynamic", "dynamic-pool"} {
-		sc, err := ScenarioNamed(name, quickScale)
+	// The floor (bench --floor) runs static too: the harness's calibration must serve as well.
+	for _, name := range []string{"static", "idle-cluster", "dynamic", "dynamic-pool", "static-floor"} {
+		scenario, floor := strings.CutSuffix(name, "-floor")
+		sc, err := ScenarioNamed(scenario, quickScale)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,6 +69,9 @@ func TestQuickBench(t *testing.T) {
 		}
 		q.o = Options{Controller: BerthController(berthDev, "ssh"),
 			LogDir: filepath.Join(q.dir, "logs"), Log: testWriter{t}}
+		if floor {
+			q.o.Controller = berthDev + " bench-floor"
+		}
 		if name == "static" {
 			addr, err := FreeLoopbackAddress()
 			if err != nil {

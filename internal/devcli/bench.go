@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/berth-ci/berth/internal/bench"
 )
@@ -19,7 +22,7 @@ func newBenchCommand() *cobra.Command {
 		logDir, plotPath, pprofDir                     string
 		scale                                          float64
 		sweep                                          []float64
-		asJSON                                         bool
+		asJSON, floor                                  bool
 		chaos                                          int
 	)
 	cmd := &cobra.Command{
@@ -146,6 +149,9 @@ The command fails when any run was incomplete, after printing every result.`,
 					return err
 				}
 				sc.Chaos = chaos
+				if floor && sc.MaxInstances > 0 {
+					return fmt.Errorf("--floor serves static hosts only; %s runs on VMs", sc.Name)
+				}
 				scenarios = append(scenarios, sc)
 			}
 			if logDir == "" {
@@ -159,6 +165,13 @@ The command fails when any run was incomplete, after printing every result.`,
 			runs := []controllerRun{{"controller", controllerCmd}}
 			if baseline != "" {
 				runs = []controllerRun{{"baseline", baseline}, runs[0]}
+			}
+			if floor {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				runs = append([]controllerRun{{"floor", self + " " + floorCommandName}}, runs...)
 			}
 			labels := map[*bench.Result]string{}
 			var results []*bench.Result
@@ -222,6 +235,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.Float64SliceVar(&sweep, "sweep", nil, "run the scenario at each of these scales (e.g. 0.05,0.1,0.25) and print how the figures grow; overrides --scale")
 	f.StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: berth-dev's controller, berth's plus the local-vm provider the dynamic scenarios use)")
 	f.StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
+	f.BoolVar(&floor, "floor", false, "run the floor first on the same scenario (static hosts only): the fewest writes a controller can make, to tell this machine's limits from the controller's")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	f.IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
 	f.StringVar(&provisioner, "provisioner", "ssh", "how this berth's controller reaches the hosts: ssh or taskrun (ignored with --controller)")
@@ -229,4 +243,31 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.StringVar(&plotPath, "plot", "", "draw each run's latency distribution and tasks served over time into this SVG or PNG file")
 	f.StringVar(&pprofDir, "pprof", "", "save berth-dev's controller's CPU profile of the measured part and heap at the end of each run in a directory of its own under this one")
 	return cmd
+}
+
+// floorCommandName is the hidden command that runs the floor as a child process of bench.
+const floorCommandName = "bench-floor"
+
+func newFloorCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:    floorCommandName,
+		Short:  "The bench's floor: a calibration controller for --floor, not for use",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := ctrl.GetConfig()
+			if err != nil {
+				return err
+			}
+			// berth's shipped client limits, so that the floor is throttled as berth is.
+			cfg.QPS, cfg.Burst = 500, 1000
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), cmd.ErrOrStderr())
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		},
+	}
 }

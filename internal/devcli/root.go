@@ -21,6 +21,6 @@ func NewRootCommand() *cobra.Command {
 run), bench measures a controller (make bench). Its controller also serves platforms of type
 local-vm, the test ground's VM cloud. Steps of berth's image on the local stack run the
 production berth binary (bin/berth, built beside bin/berth-dev by make build).`
-	root.AddCommand(newDevCommand(), newBenchCommand())
+	root.AddCommand(newDevCommand(), newBenchCommand(), newFloorCommand())
 	return root
 }

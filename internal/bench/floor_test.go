@@ -1,0 +1,98 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"knative.dev/pkg/apis"
+
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
+)
+
+// floorRig is a floor whose writes run at once and are recorded in order.
+type floorRig struct {
+	*floor
+	writes []string
+}
+
+func newFloorRig(hosts ...*config.StaticHost) *floorRig {
+	r := &floorRig{floor: newFloor(hosts)}
+	r.write = func(job func()) {
+		// A worker runs the job without the floor's lock, as jobQueue's do.
+		r.mu.Unlock()
+		defer r.mu.Lock()
+		job()
+	}
+	r.label = func(task types.NamespacedName, host string) {
+		r.writes = append(r.writes, fmt.Sprintf("label %s=%q", task.Name, host))
+	}
+	r.secret = func(task types.NamespacedName, h *config.StaticHost) {
+		r.writes = append(r.writes, fmt.Sprintf("secret %s %s@%s", task.Name, h.User, h.Address))
+	}
+	return r
+}
+
+func (r *floorRig) take() []string {
+	w := r.writes
+	r.writes = nil
+	return w
+}
+
+func floorTask(name string, done bool, labels map[string]string) *pipelinev1.TaskRun {
+	tr := userTask(name)
+	tr.Labels = labels
+	if done {
+		tr.Status.SetCondition(&apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue})
+	}
+	return tr
+}
+
+// The floor keeps each host's concurrency, serves in creation order, hands a freed slot to
+// the next task in line, and writes only the label, the secret and the label's removal.
+func TestFloorKeepsCapacityAndOrder(t *testing.T) {
+	a := &config.StaticHost{Name: "a", Address: "10.0.0.1", User: "root", Concurrency: 1}
+	b := &config.StaticHost{Name: "b", Address: "10.0.0.2", User: "root", Concurrency: 1}
+	r := newFloorRig(a, b)
+	for _, name := range []string{"t1", "t2", "t3", "t4"} {
+		r.seen(floorTask(name, false, nil))
+	}
+	if got, want := r.take(), []string{`label t1="a"`, "secret t1 root@10.0.0.1", `label t2="b"`, "secret t2 root@10.0.0.2"}; !slices.Equal(got, want) {
+		t.Fatalf("two free slots and four tasks: wrote %q, want %q", got, want)
+	}
+	// Seen again (the label landing, a resync): no task is served twice or queued twice.
+	r.seen(floorTask("t1", false, map[string]string{contract.AssignedHostLabel: "a"}))
+	r.seen(floorTask("t3", false, nil))
+	if got := r.take(); len(got) != 0 {
+		t.Fatalf("events of tasks served or in line wrote %q", got)
+	}
+	// t2 ends: b goes to t3, first in line.
+	r.seen(floorTask("t2", true, map[string]string{contract.AssignedHostLabel: "b"}))
+	if got, want := r.take(), []string{`label t2=""`, `label t3="b"`, "secret t3 root@10.0.0.2"}; !slices.Equal(got, want) {
+		t.Fatalf("t2 ended: wrote %q, want %q", got, want)
+	}
+	// Its later events change nothing; neither do TaskRuns the floor does not serve.
+	r.seen(floorTask("t2", true, nil))
+	internal := floorTask("provision-1", false, map[string]string{contract.TaskTypeLabel: contract.TaskTypeProvision})
+	r.seen(internal)
+	other := floorTask("other", false, nil)
+	other.Spec.Params = nil
+	r.seen(other)
+	if got := r.take(); len(got) != 0 {
+		t.Fatalf("a finished task's later event and unrelated TaskRuns wrote %q", got)
+	}
+	// t1 ends: a goes to t4; then t3 and t4 end with nobody waiting.
+	r.seen(floorTask("t1", true, nil))
+	r.seen(floorTask("t3", true, nil))
+	r.seen(floorTask("t4", true, nil))
+	if got, want := r.take(), []string{`label t1=""`, `label t4="a"`, "secret t4 root@10.0.0.1", `label t3=""`, `label t4=""`}; !slices.Equal(got, want) {
+		t.Fatalf("the rest: wrote %q, want %q", got, want)
+	}
+	if r.free[a] != 1 || r.free[b] != 1 || len(r.holding) != 0 || len(r.line) != 0 {
+		t.Errorf("at the end: free a %d b %d, holding %v, line %v; want every slot free", r.free[a], r.free[b], r.holding, r.line)
+	}
+}
