@@ -135,6 +135,8 @@ func quickProblems(r *Result) []string {
 	check(r.ErrorSecrets > 0, "%d tasks got an error secret", r.ErrorSecrets)
 	check(r.Violations > 0, "%d over-commit violations", r.Violations)
 	check(r.userWarnings() > 0, "Warning events on user tasks: %v", r.UserWarnings)
+	check(r.CreationSeconds >= r.MakespanSeconds || (r.Tasks >= 50 && r.CreationSeconds == 0),
+		"the tasks were created over %.3f s, which should be within the makespan of %.3f s", r.CreationSeconds, r.MakespanSeconds)
 	if v := r.VMResult; v != nil {
 		check(v.LeakedInstances > 0, "leaked VMs: %v", v.Leaks)
 		check(v.DoubleLaunches > 0, "%d double launches", v.DoubleLaunches)

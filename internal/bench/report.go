@@ -46,6 +46,7 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("slot freed→next allocation p50 ms", func(r *Result) float64 { return r.HandOver.P50 }, "%.1f")
 	row("slot freed→next allocation p99 ms", func(r *Result) float64 { return r.HandOver.P99 }, "%.1f")
 	row("makespan s", func(r *Result) float64 { return r.MakespanSeconds }, "%.1f")
+	row("tasks created over s", func(r *Result) float64 { return r.CreationSeconds }, "%.1f")
 	row("allocations per second", func(r *Result) float64 { return r.AllocationsPerSec }, "%.1f")
 	row("slot utilisation", func(r *Result) float64 { return r.SlotUtilisation }, "%.2f")
 	row("API writes per allocation", func(r *Result) float64 { return r.WritesPerAllocation }, "%.1f")

@@ -29,13 +29,17 @@ type Result struct {
 	LogDir string `json:"logDir"`
 	// FirstSecretSeconds is from the controller's process start to the first secret of a
 	// task (the warm-up task is created as the controller starts).
-	FirstSecretSeconds  float64     `json:"firstSecretSeconds"`
-	SecretLatency       Percentiles `json:"creationToSecretMs"`
-	HandOver            Percentiles `json:"slotFreedToNextAllocationMs"`
-	MakespanSeconds     float64     `json:"makespanSeconds"`
-	AllocationsPerSec   float64     `json:"allocationsPerSecond"`
-	SlotUtilisation     float64     `json:"slotUtilisation"`
-	WritesPerAllocation float64     `json:"apiWritesPerAllocation"`
+	FirstSecretSeconds float64     `json:"firstSecretSeconds"`
+	SecretLatency      Percentiles `json:"creationToSecretMs"`
+	HandOver           Percentiles `json:"slotFreedToNextAllocationMs"`
+	MakespanSeconds    float64     `json:"makespanSeconds"`
+	// CreationSeconds is from the first task's creation to the last's: how fast the harness
+	// could create them on this machine. No controller's makespan is shorter than this plus
+	// the last task's run, which bounds slotUtilisation whatever the controller.
+	CreationSeconds     float64 `json:"creationSeconds"`
+	AllocationsPerSec   float64 `json:"allocationsPerSecond"`
+	SlotUtilisation     float64 `json:"slotUtilisation"`
+	WritesPerAllocation float64 `json:"apiWritesPerAllocation"`
 	// WritesPerTaskNoWait and WritesPerTaskWaited are the controller's writes per finished
 	// task, apart for tasks that never carried the waiting-for-platform label and those that
 	// did (TasksWaited of them).

@@ -396,8 +396,9 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 	waited := map[string]bool{}
 	everWaited := r.chk.waitedTasks()
 	var latencies []time.Duration
-	var lastSecret time.Time
+	var lastSecret, lastCreated time.Time
 	for task, created := range r.created {
+		lastCreated = maxTime(lastCreated, created)
 		t := TaskTimes{Created: created, Secret: r.secretAt[task], Done: r.doneAt[task]}
 		if e, ok := r.errorAt[task]; ok {
 			t.Secret, t.Error = e, true
@@ -414,6 +415,9 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 		res.Timeline.Tasks = append(res.Timeline.Tasks, t)
 	}
 	res.SecretLatency = percentiles(latencies)
+	if lastCreated.After(start) {
+		res.CreationSeconds = lastCreated.Sub(start).Seconds()
+	}
 	if d := lastSecret.Sub(start).Seconds(); d > 0 {
 		res.AllocationsPerSec = float64(res.Served) / d
 	}

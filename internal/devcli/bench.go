@@ -77,6 +77,8 @@ What a run reports:
                               task assigned to that host (seen by a watch of the
                               assigned-host label)
   allocationsPerSecond        served / (first task created → last secret)
+  creationSeconds             first task created → last task created: how fast the harness
+                              could create them here (no makespan is shorter)
   slotUtilisation             busy slot-seconds / offered slot-seconds: the sum over
                               served tasks of secret → completion, divided by slots x (first
                               task created → last task completed)
