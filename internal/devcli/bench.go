@@ -151,8 +151,11 @@ The command fails when any run was incomplete, after printing every result.`,
 					return err
 				}
 				sc.Chaos = chaos
-				if floor && sc.MaxInstances > 0 {
+				switch {
+				case floor && sc.MaxInstances > 0:
 					return fmt.Errorf("--floor serves static hosts only; %s runs on VMs", sc.Name)
+				case floor && chaos > 0:
+					return errors.New("--floor keeps no state across a restart, so --chaos would make it over-commit: run them apart")
 				}
 				scenarios = append(scenarios, sc)
 			}

@@ -104,7 +104,7 @@ func TestOutcome(t *testing.T) {
 }
 
 // The bench refuses, before it starts anything, what it cannot do: profile a controller it
-// did not start, or run a scenario it does not know.
+// did not start, run a scenario it does not know, or run the floor where it cannot serve.
 func TestBenchRefusesWhatItCannotDo(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -113,6 +113,8 @@ func TestBenchRefusesWhatItCannotDo(t *testing.T) {
 		{[]string{"--controller", "/bin/true", "--pprof", t.TempDir()}, "leave out --controller"},
 		{[]string{"--scenario", "huge", "--log-dir", t.TempDir()}, "unknown scenario"},
 		{[]string{"--scale", "0", "--log-dir", t.TempDir()}, "want more than 0"},
+		{[]string{"--scenario", "dynamic", "--floor", "--log-dir", t.TempDir()}, "static hosts only"},
+		{[]string{"--floor", "--chaos", "2", "--log-dir", t.TempDir()}, "run them apart"},
 	} {
 		cmd := NewRootCommand()
 		cmd.SetArgs(append([]string{"bench"}, tc.args...))
