@@ -140,8 +140,13 @@ func TestSimulatedTektonKeepsTheContract(t *testing.T) {
 	if err := c.Create(ctx, errSecret); err != nil {
 		t.Fatal(err)
 	}
+	// The simulation tells OnDone after its status update lands, so the test may see the
+	// TaskRun done first: it waits for both.
 	eventually(t, "the task with an error secret fails", func() bool {
-		return get(broken) == nil && broken.IsDone() && !broken.IsSuccessful()
+		mu.Lock()
+		told := !doneAt["broken"].IsZero()
+		mu.Unlock()
+		return told && get(broken) == nil && broken.IsDone() && !broken.IsSuccessful()
 	})
 	mu.Lock()
 	if errorAt["broken"].IsZero() || !secretAt["broken"].IsZero() || doneAt["broken"].IsZero() {
