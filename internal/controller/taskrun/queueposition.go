@@ -32,6 +32,10 @@ const positionWritesPerInterval = 50
 // shown at most an interval and a fifth after the last write.
 const refreshesPerInterval = 5
 
+// unshownPerLook bounds the waiters the refresh loop puts first, per look, because they have not
+// been shown that they wait (see unshownWaiters).
+const unshownPerLook = 50
+
 // positionMark is the position last written on a TaskRun, and when.
 type positionMark struct {
 	uid      types.UID
@@ -105,8 +109,47 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 				r.refreshDue.Store(task, struct{}{})
 				r.send(r.refreshes, task.Namespace, task.Name)
 			}
+			for _, task := range r.unshownWaiters(unshownPerLook) {
+				r.wakeKey(task.Namespace, task.Name)
+			}
 		}
 	}
+}
+
+// unshownWaiters returns up to budget waiters that were not yet shown that they wait (no
+// waiting label and place written) at this look and at the one before, back of the queues
+// first. An arrival is labelled by its own reconcile, which goes after every hand-over (see
+// handOverPriority): while hand-overs keep every worker busy, as under a long overload, it
+// would never be labelled. So one that is still unlabelled a look later (PositionInterval /
+// refreshesPerInterval, 12 s by default) is woken first, a bounded number per look. Those
+// with the most tasks ahead go first: they have the longest wait left to explain, while the
+// front of a busy line is served before its label would be read. Only the refresh loop calls
+// it.
+func (r *Reconciler) unshownWaiters(budget int) []allocation.Task {
+	type unshown struct {
+		task     allocation.Task
+		position int
+	}
+	var starved []unshown
+	now := map[allocation.Task]bool{}
+	for platform := range r.Ledger.Waiting() {
+		for i, task := range r.Ledger.Queue(platform) {
+			if _, shown := r.positions.Load(task); shown {
+				continue
+			}
+			now[task] = true
+			if r.unshown[task] {
+				starved = append(starved, unshown{task, i + 1})
+			}
+		}
+	}
+	r.unshown = now
+	slices.SortFunc(starved, func(a, b unshown) int { return b.position - a.position })
+	var out []allocation.Task
+	for _, s := range starved[:min(budget, len(starved))] {
+		out = append(out, s.task)
+	}
+	return out
 }
 
 // movedPositions returns up to budget waiters whose place moved and whose annotation may be

@@ -76,3 +76,26 @@ func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
 		t.Fatal("the mark of a task that waits no more was kept")
 	}
 }
+
+// A waiter not shown that it waits at two looks in a row is put first, back of the queues
+// first and within the budget; one shown meanwhile, or served, is not.
+func TestRefreshPutsFirstWaitersLeftUnlabelled(t *testing.T) {
+	l := oneSlotLedger(6) // t0 holds the slot, t1..t5 wait
+	r := &Reconciler{Ledger: l, PositionInterval: 10 * time.Second, now: func() time.Time { return t0 }}
+	r.positions.Store(task(2), positionMark{position: 2, at: t0}) // t2 was shown its place
+	if got := r.unshownWaiters(2); len(got) != 0 {
+		t.Fatalf("at the first look woke %s; a waiter gets a look's time to be labelled", got)
+	}
+	r.positions.Store(task(3), positionMark{position: 3, at: t0}) // t3 is shown between the looks
+	if got, want := fmt.Sprint(r.unshownWaiters(2)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
+		t.Fatalf("at the second look woke %s, want %s", got, want)
+	}
+	// t1 is served; t4 and t5 are still unlabelled (their reconciles queued behind hand-overs).
+	l.Release(task(0))
+	if g := l.Acquire(allocation.Request{Task: task(1), Platform: "linux/s390x", Created: t0.Add(time.Second)}); g.Host != "a" {
+		t.Fatalf("t1 did not get the freed slot: %+v", g)
+	}
+	if got, want := fmt.Sprint(r.unshownWaiters(5)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
+		t.Fatalf("at the third look woke %s, want %s", got, want)
+	}
+}

@@ -84,6 +84,9 @@ type Reconciler struct {
 	positions sync.Map
 	// refreshDue holds the waiters whose moved place the refresh loop let be rewritten.
 	refreshDue sync.Map
+	// unshown holds the waiters the refresh loop found not yet shown that they wait, at its
+	// last look (see unshownWaiters); only that loop uses it.
+	unshown map[allocation.Task]bool
 	// started is when this controller started: only TaskRuns older than that can have been
 	// served by the controller berth replaces.
 	started time.Time
