@@ -68,8 +68,8 @@ fuzz:
 ## the load harness on its scenarios: static, idle-cluster, large (100,000 unrelated TaskRuns,
 ## 10,000 tasks), dynamic (a VM per task) and dynamic-pool (shared VMs), the last two on the
 ## local VM cloud's real SSH hosts. BENCH_SCALE shrinks the scenarios; BENCH_ARGS passes more
-## flags to `berth-dev bench` (--baseline "<other controller>", --json, --chaos N, --plot,
-## --pprof, --sweep).
+## flags to `berth-dev bench` (--baseline "<other controller>", --floor, --json, --chaos N,
+## --plot, --pprof, --sweep).
 BENCHTIME ?= 50x
 BENCH_SCALE ?= 1
 BENCH_ARGS ?=
