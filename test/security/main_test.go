@@ -16,9 +16,11 @@ import (
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -79,15 +81,40 @@ func newTenant(t *testing.T, suffix string) *tenant {
 			t.Fatal(err)
 		}
 	}
+	user := "system:serviceaccount:" + ns + ":tenant"
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	waitAllowed(t, ns, user, groups)
 	cfg := rest.CopyConfig(stack.ControlPlane.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":tenant",
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
 	c, err := client.New(cfg, client.Options{Scheme: admin().Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, ns) })
 	return &tenant{ns: ns, c: c}
+}
+
+// waitAllowed waits until the apiserver's authorizer lets user create TaskRuns and Secrets in
+// ns: it learns of a new Role and RoleBinding through its own informers, a moment after they
+// are written, and a tenant acting at once was refused ("role tenant not found").
+func waitAllowed(t *testing.T, ns, user string, groups []string) {
+	t.Helper()
+	allowed := func(ctx context.Context) (bool, error) {
+		for _, r := range []authorizationv1.ResourceAttributes{
+			{Namespace: ns, Verb: "create", Group: "tekton.dev", Resource: "taskruns"},
+			{Namespace: ns, Verb: "create", Resource: "secrets"},
+		} {
+			review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: groups, ResourceAttributes: &r}}
+			if err := admin().Create(ctx, review); err != nil || !review.Status.Allowed {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	if err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, time.Minute, true, allowed); err != nil {
+		t.Fatalf("the tenant of %s was not allowed to create TaskRuns and Secrets within a minute: %v", ns, err)
+	}
 }
 
 // taskRun is a TaskRun as buildah-remote makes them: PLATFORM and the secret volume.
