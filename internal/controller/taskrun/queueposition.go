@@ -126,11 +126,7 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 // front of a busy line is served before its label would be read. Only the refresh loop calls
 // it.
 func (r *Reconciler) unshownWaiters(budget int) []allocation.Task {
-	type unshown struct {
-		task     allocation.Task
-		position int
-	}
-	var starved []unshown
+	var starved []placed
 	now := map[allocation.Task]bool{}
 	for platform := range r.Ledger.Waiting() {
 		for i, task := range r.Ledger.Queue(platform) {
@@ -139,15 +135,26 @@ func (r *Reconciler) unshownWaiters(budget int) []allocation.Task {
 			}
 			now[task] = true
 			if r.unshown[task] {
-				starved = append(starved, unshown{task, i + 1})
+				starved = append(starved, placed{task, i + 1})
 			}
 		}
 	}
 	r.unshown = now
-	slices.SortFunc(starved, func(a, b unshown) int { return b.position - a.position })
+	return firstPlaced(starved, budget, func(a, b placed) int { return b.position - a.position })
+}
+
+// placed is a waiter and its place in line (1 = next).
+type placed struct {
+	task     allocation.Task
+	position int
+}
+
+// firstPlaced is the tasks of the first budget of ps in the order of cmp.
+func firstPlaced(ps []placed, budget int, cmp func(a, b placed) int) []allocation.Task {
+	slices.SortFunc(ps, cmp)
 	var out []allocation.Task
-	for _, s := range starved[:min(budget, len(starved))] {
-		out = append(out, s.task)
+	for _, p := range ps[:min(budget, len(ps))] {
+		out = append(out, p.task)
 	}
 	return out
 }
@@ -155,11 +162,7 @@ func (r *Reconciler) unshownWaiters(budget int) []allocation.Task {
 // movedPositions returns up to budget waiters whose place moved and whose annotation may be
 // rewritten, front of the queues first; and forgets the marks of tasks that wait no more.
 func (r *Reconciler) movedPositions(budget int) []allocation.Task {
-	type moved struct {
-		task     allocation.Task
-		position int
-	}
-	var candidates []moved
+	var candidates []placed
 	waiting := map[allocation.Task]bool{}
 	now := r.now()
 	for platform := range r.Ledger.Waiting() {
@@ -170,7 +173,7 @@ func (r *Reconciler) movedPositions(budget int) []allocation.Task {
 				continue // never shown yet: its own reconcile writes it
 			}
 			if mark := v.(positionMark); mark.position != i+1 && now.Sub(mark.at) >= r.PositionInterval {
-				candidates = append(candidates, moved{task, i + 1})
+				candidates = append(candidates, placed{task, i + 1})
 			}
 		}
 	}
@@ -182,10 +185,5 @@ func (r *Reconciler) movedPositions(budget int) []allocation.Task {
 		}
 		return true
 	})
-	slices.SortFunc(candidates, func(a, b moved) int { return a.position - b.position })
-	var out []allocation.Task
-	for _, c := range candidates[:min(budget, len(candidates))] {
-		out = append(out, c.task)
-	}
-	return out
+	return firstPlaced(candidates, budget, func(a, b placed) int { return a.position - b.position })
 }
