@@ -209,6 +209,11 @@ func (l *Ledger) Enqueue(req Request) {
 func (l *Ledger) Knows(task Task, platform string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.knows(task, platform)
+}
+
+// knows is Knows for a caller that holds mu.
+func (l *Ledger) knows(task Task, platform string) bool {
 	if _, ok := l.holders[task]; ok {
 		return true
 	}
@@ -228,13 +233,10 @@ func (l *Ledger) Knows(task Task, platform string) bool {
 func (l *Ledger) Join(req Request) (canGo bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.holders[req.Task]; ok {
+	if l.knows(req.Task, req.Platform) {
 		return false
 	}
 	p := l.platform(req.Platform)
-	if _, ok := p.waiters[req.Task]; ok {
-		return false
-	}
 	p.enqueue(req)
 	return slices.Contains(runnable(p), req.Task)
 }

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -56,8 +56,12 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, log io.Wr
 		return fmt.Errorf("the config: %v", problems)
 	}
 	f := newFloor(parsed.Hosts)
-	jobs := newJobQueue()
-	f.write = jobs.push
+	jobs := workqueue.NewTyped[floorJob]() // first in, first out; adding never blocks
+	go func() {
+		<-ctx.Done()
+		jobs.ShutDown()
+	}()
+	f.write = jobs.Add
 	f.label = func(task types.NamespacedName, host string) {
 		value := "null"
 		if host != "" {
@@ -80,26 +84,33 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, log io.Wr
 		}
 	}
 	for range floorWorkers {
-		go jobs.work(ctx)
+		go func() {
+			for {
+				job, shut := jobs.Get()
+				if shut {
+					return
+				}
+				f.run(job)
+				jobs.Done(job)
+			}
+		}()
 	}
 	informers, err := cache.New(cfg, cache.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
 		return err
 	}
-	trs, err := informers.GetInformer(ctx, &pipelinev1.TaskRun{})
-	if err != nil {
-		return err
-	}
-	seen := func(obj any) {
-		if tr, ok := obj.(*pipelinev1.TaskRun); ok {
-			f.seen(tr)
-		}
-	}
-	if _, err := trs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: seen, UpdateFunc: func(_, obj any) { seen(obj) }}); err != nil {
+	if err := onAddOrUpdate(ctx, informers, &pipelinev1.TaskRun{}, f.seen); err != nil {
 		return err
 	}
 	return informers.Start(ctx)
+}
+
+// floorJob is a write of the floor: a task's label and secret, or (release) taking its label
+// off and freeing its slot.
+type floorJob struct {
+	task    types.NamespacedName
+	host    *config.StaticHost
+	release bool
 }
 
 // floor is the floor's bookkeeping; its writes are functions so a test can see them.
@@ -111,7 +122,7 @@ type floor struct {
 	inLine  map[types.NamespacedName]bool
 	line    []types.NamespacedName
 
-	write  func(job func()) // runs job on a worker
+	write  func(job floorJob) // queues job for a worker, which runs it
 	label  func(task types.NamespacedName, host string)
 	secret func(task types.NamespacedName, host *config.StaticHost)
 }
@@ -137,13 +148,7 @@ func (f *floor) seen(tr *pipelinev1.TaskRun) {
 	switch {
 	case tr.IsDone() && held:
 		delete(f.holding, task)
-		f.write(func() {
-			f.label(task, "")
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			f.free[h]++
-			f.serve(h)
-		})
+		f.write(floorJob{task: task, host: h, release: true})
 	case !tr.IsDone() && !held && !f.inLine[task] && tr.Labels[contract.AssignedHostLabel] == "":
 		f.inLine[task] = true
 		f.line = append(f.line, task)
@@ -172,56 +177,20 @@ func (f *floor) serve(freed *config.StaticHost) {
 		delete(f.inLine, task)
 		f.free[h]--
 		f.holding[task] = h
-		f.write(func() {
-			f.label(task, h.Name)
-			f.secret(task, h)
-		})
+		f.write(floorJob{task: task, host: h})
 	}
 }
 
-// jobQueue runs jobs in the order they came on workers; pushing never blocks, so the
-// bookkeeping can queue a write while it holds its lock.
-type jobQueue struct {
-	mu     sync.Mutex
-	cond   *sync.Cond
-	jobs   []func()
-	closed bool
-}
-
-func newJobQueue() *jobQueue {
-	q := &jobQueue{}
-	q.cond = sync.NewCond(&q.mu)
-	return q
-}
-
-func (q *jobQueue) push(job func()) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.jobs = append(q.jobs, job)
-	q.cond.Signal()
-}
-
-// work runs jobs until ctx ends.
-func (q *jobQueue) work(ctx context.Context) {
-	stop := context.AfterFunc(ctx, func() {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		q.closed = true
-		q.cond.Broadcast()
-	})
-	defer stop()
-	for {
-		q.mu.Lock()
-		for len(q.jobs) == 0 && !q.closed {
-			q.cond.Wait()
-		}
-		if q.closed {
-			q.mu.Unlock()
-			return
-		}
-		job := q.jobs[0]
-		q.jobs = q.jobs[1:]
-		q.mu.Unlock()
-		job()
+// run makes a job's writes; a release then frees the slot and serves the line.
+func (f *floor) run(job floorJob) {
+	if !job.release {
+		f.label(job.task, job.host.Name)
+		f.secret(job.task, job.host)
+		return
 	}
+	f.label(job.task, "")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.free[job.host]++
+	f.serve(job.host)
 }

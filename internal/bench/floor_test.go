@@ -22,11 +22,11 @@ type floorRig struct {
 
 func newFloorRig(hosts ...*config.StaticHost) *floorRig {
 	r := &floorRig{floor: newFloor(hosts)}
-	r.write = func(job func()) {
-		// A worker runs the job without the floor's lock, as jobQueue's do.
+	r.write = func(job floorJob) {
+		// A worker runs the job without the floor's lock, as RunFloor's do.
 		r.mu.Unlock()
 		defer r.mu.Lock()
-		job()
+		r.run(job)
 	}
 	r.label = func(task types.NamespacedName, host string) {
 		r.writes = append(r.writes, fmt.Sprintf("label %s=%q", task.Name, host))

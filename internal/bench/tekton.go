@@ -73,33 +73,32 @@ func (t *Tekton) Run(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	trs, err := informers.GetInformer(ctx, &pipelinev1.TaskRun{})
-	if err != nil {
+	if err := onAddOrUpdate(ctx, informers, &pipelinev1.TaskRun{}, func(tr *pipelinev1.TaskRun) { t.onTaskRun(ctx, tr) }); err != nil {
 		return err
 	}
-	secrets, err := informers.GetInformer(ctx, &corev1.Secret{})
-	if err != nil {
-		return err
-	}
-	onTaskRun := func(obj any) {
-		if tr, ok := obj.(*pipelinev1.TaskRun); ok {
-			t.onTaskRun(ctx, tr)
-		}
-	}
-	if _, err := trs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: onTaskRun, UpdateFunc: func(_, obj any) { onTaskRun(obj) }}); err != nil {
-		return err
-	}
-	onSecret := func(obj any) {
-		if s, ok := obj.(*corev1.Secret); ok && s.Labels[contract.SecretLabel] != "" {
+	if err := onAddOrUpdate(ctx, informers, &corev1.Secret{}, func(s *corev1.Secret) {
+		if s.Labels[contract.SecretLabel] != "" {
 			t.onSecret(ctx, s)
 		}
-	}
-	if _, err := secrets.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: onSecret, UpdateFunc: func(_, obj any) { onSecret(obj) }}); err != nil {
+	}); err != nil {
 		return err
 	}
 	return informers.Start(ctx)
+}
+
+// onAddOrUpdate calls f with every object of obj's kind the informers see added or changed.
+func onAddOrUpdate[T client.Object](ctx context.Context, informers cache.Cache, obj T, f func(T)) error {
+	inf, err := informers.GetInformer(ctx, obj)
+	if err != nil {
+		return err
+	}
+	call := func(o any) {
+		if typed, ok := o.(T); ok {
+			f(typed)
+		}
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: call, UpdateFunc: func(_, o any) { call(o) }})
+	return err
 }
 
 func (t *Tekton) once(key string) bool {

@@ -8,6 +8,12 @@ import (
 	"github.com/berth-ci/berth/internal/otp/keyserver"
 )
 
+// The controller's client limits as it ships (--kube-api-qps, --kube-api-burst).
+const (
+	DefaultKubeAPIQPS   = 500
+	DefaultKubeAPIBurst = 1000
+)
+
 func newControllerCommand() *cobra.Command {
 	o := controller.DefaultOptions()
 	o.Namespace = defaultNamespace()
@@ -36,8 +42,8 @@ func newControllerCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
-	f.Float32Var(&qps, "kube-api-qps", 500, "requests per second to the apiserver the controller allows itself (the apiserver's priority and fairness protects it too)")
-	f.IntVar(&burst, "kube-api-burst", 1000, "burst above --kube-api-qps")
+	f.Float32Var(&qps, "kube-api-qps", DefaultKubeAPIQPS, "requests per second to the apiserver the controller allows itself (the apiserver's priority and fairness protects it too)")
+	f.IntVar(&burst, "kube-api-burst", DefaultKubeAPIBurst, "burst above --kube-api-qps")
 	f.StringVar(&o.Namespace, "namespace", o.Namespace, "the controller's namespace: config, admin secrets, internal TaskRuns (default $POD_NAMESPACE)")
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "address of the Prometheus metrics endpoint; 0 disables it")
 	f.StringVar(&o.HealthProbeAddress, "health-probe-bind-address", o.HealthProbeAddress, "address of /healthz and /readyz; 0 disables them")

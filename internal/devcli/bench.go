@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/berth-ci/berth/internal/bench"
+	"github.com/berth-ci/berth/internal/cli"
 )
 
 func newBenchCommand() *cobra.Command {
@@ -124,6 +125,11 @@ beside its tasks served over time. --pprof DIR runs berth-dev's own controller w
 saves, for each run, its CPU profile over the measured part (cpu.pprof) and its heap at the
 end (heap.pprof) in DIR/<run>/: go tool pprof -top DIR/<run>/cpu.pprof.
 
+--floor runs the floor first on a static scenario: a calibration controller that writes
+only the assigned-host label, the secret and the label's removal, serves in creation order
+and keeps each host's concurrency. Its throughput and utilisation are about what this
+machine allows; the controller's ratios to them are its own cost.
+
 The command fails when any run was incomplete, after printing every result.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -131,13 +137,13 @@ The command fails when any run was incomplete, after printing every result.`,
 			if pprofDir != "" && !ownController {
 				return errors.New("--pprof profiles berth-dev's own controller: leave out --controller")
 			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
 			if ownController {
 				// berth-dev's own controller: the production berth's, which cannot serve the
 				// dynamic scenarios' platforms of type local-vm.
-				self, err := os.Executable()
-				if err != nil {
-					return err
-				}
 				controllerCmd = bench.BerthController(self, provisioner)
 			}
 			scales := []float64{scale}
@@ -172,10 +178,6 @@ The command fails when any run was incomplete, after printing every result.`,
 				runs = []controllerRun{{"baseline", baseline}, runs[0]}
 			}
 			if floor {
-				self, err := os.Executable()
-				if err != nil {
-					return err
-				}
 				runs = append([]controllerRun{{"floor", self + " " + floorCommandName}}, runs...)
 			}
 			labels := map[*bench.Result]string{}
@@ -265,7 +267,7 @@ func newFloorCommand() *cobra.Command {
 				return err
 			}
 			// berth's shipped client limits, so that the floor is throttled as berth is.
-			cfg.QPS, cfg.Burst = 500, 1000
+			cfg.QPS, cfg.Burst = cli.DefaultKubeAPIQPS, cli.DefaultKubeAPIBurst
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), cmd.ErrOrStderr())

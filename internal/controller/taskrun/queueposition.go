@@ -104,19 +104,19 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			due := r.movedPositions(positionWritesPerInterval / refreshesPerInterval)
-			for _, task := range due {
+			waiters := r.waiterPlaces()
+			for _, task := range r.movedPositions(waiters, positionWritesPerInterval/refreshesPerInterval) {
 				r.refreshDue.Store(task, struct{}{})
 				r.send(r.refreshes, task.Namespace, task.Name)
 			}
-			for _, task := range r.unshownWaiters(unshownPerLook) {
+			for _, task := range r.unshownWaiters(waiters, unshownPerLook) {
 				r.wakeKey(task.Namespace, task.Name)
 			}
 		}
 	}
 }
 
-// unshownWaiters returns up to budget waiters that were not yet shown that they wait (no
+// unshownWaiters returns up to budget of waiters that were not yet shown that they wait (no
 // waiting label and place written) at this look and at the one before, back of the queues
 // first. An arrival is labelled by its own reconcile, which goes after every hand-over (see
 // handOverPriority): while hand-overs keep every worker busy, as under a long overload, it
@@ -125,18 +125,16 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 // with the most tasks ahead go first: they have the longest wait left to explain, while the
 // front of a busy line is served before its label would be read. Only the refresh loop calls
 // it.
-func (r *Reconciler) unshownWaiters(budget int) []allocation.Task {
+func (r *Reconciler) unshownWaiters(waiters []placed, budget int) []allocation.Task {
 	var starved []placed
 	now := map[allocation.Task]bool{}
-	for platform := range r.Ledger.Waiting() {
-		for i, task := range r.Ledger.Queue(platform) {
-			if _, shown := r.positions.Load(task); shown {
-				continue
-			}
-			now[task] = true
-			if r.unshown[task] {
-				starved = append(starved, placed{task, i + 1})
-			}
+	for _, w := range waiters {
+		if _, shown := r.positions.Load(w.task); shown {
+			continue
+		}
+		now[w.task] = true
+		if r.unshown[w.task] {
+			starved = append(starved, w)
 		}
 	}
 	r.unshown = now
@@ -149,6 +147,18 @@ type placed struct {
 	position int
 }
 
+// waiterPlaces is every task waiting in the ledger, with its place in its platform's line:
+// what one look of the refresh loop reads, once for both of its picks.
+func (r *Reconciler) waiterPlaces() []placed {
+	var out []placed
+	for platform := range r.Ledger.Waiting() {
+		for i, task := range r.Ledger.Queue(platform) {
+			out = append(out, placed{task, i + 1})
+		}
+	}
+	return out
+}
+
 // firstPlaced is the tasks of the first budget of ps in the order of cmp.
 func firstPlaced(ps []placed, budget int, cmp func(a, b placed) int) []allocation.Task {
 	slices.SortFunc(ps, cmp)
@@ -159,22 +169,20 @@ func firstPlaced(ps []placed, budget int, cmp func(a, b placed) int) []allocatio
 	return out
 }
 
-// movedPositions returns up to budget waiters whose place moved and whose annotation may be
+// movedPositions returns up to budget of waiters whose place moved and whose annotation may be
 // rewritten, front of the queues first; and forgets the marks of tasks that wait no more.
-func (r *Reconciler) movedPositions(budget int) []allocation.Task {
+func (r *Reconciler) movedPositions(waiters []placed, budget int) []allocation.Task {
 	var candidates []placed
 	waiting := map[allocation.Task]bool{}
 	now := r.now()
-	for platform := range r.Ledger.Waiting() {
-		for i, task := range r.Ledger.Queue(platform) {
-			waiting[task] = true
-			v, ok := r.positions.Load(task)
-			if !ok {
-				continue // never shown yet: its own reconcile writes it
-			}
-			if mark := v.(positionMark); mark.position != i+1 && now.Sub(mark.at) >= r.PositionInterval {
-				candidates = append(candidates, placed{task, i + 1})
-			}
+	for _, w := range waiters {
+		waiting[w.task] = true
+		v, ok := r.positions.Load(w.task)
+		if !ok {
+			continue // never shown yet: its own reconcile writes it, or unshownWaiters wakes it
+		}
+		if mark := v.(positionMark); mark.position != w.position && now.Sub(mark.at) >= r.PositionInterval {
+			candidates = append(candidates, w)
 		}
 	}
 	r.positions.Range(func(k, v any) bool {

@@ -69,7 +69,7 @@ func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
 		3: {position: 4, at: now.Add(-time.Second)}, 4: {position: 5, at: t0}, 5: {position: 6, at: t0}} {
 		r.positions.Store(task(i), mark)
 	}
-	if got := fmt.Sprint(r.movedPositions(2)); got != fmt.Sprint([]allocation.Task{task(1), task(4)}) {
+	if got := fmt.Sprint(r.movedPositions(r.waiterPlaces(), 2)); got != fmt.Sprint([]allocation.Task{task(1), task(4)}) {
 		t.Fatalf("woke %s, want ns/t1 and ns/t4", got)
 	}
 	if _, ok := r.positions.Load(task(0)); ok {
@@ -83,11 +83,11 @@ func TestRefreshPutsFirstWaitersLeftUnlabelled(t *testing.T) {
 	l := oneSlotLedger(6) // t0 holds the slot, t1..t5 wait
 	r := &Reconciler{Ledger: l, PositionInterval: 10 * time.Second, now: func() time.Time { return t0 }}
 	r.positions.Store(task(2), positionMark{position: 2, at: t0}) // t2 was shown its place
-	if got := r.unshownWaiters(2); len(got) != 0 {
+	if got := r.unshownWaiters(r.waiterPlaces(), 2); len(got) != 0 {
 		t.Fatalf("at the first look woke %s; a waiter gets a look's time to be labelled", got)
 	}
 	r.positions.Store(task(3), positionMark{position: 3, at: t0}) // t3 is shown between the looks
-	if got, want := fmt.Sprint(r.unshownWaiters(2)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
+	if got, want := fmt.Sprint(r.unshownWaiters(r.waiterPlaces(), 2)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
 		t.Fatalf("at the second look woke %s, want %s", got, want)
 	}
 	// t1 is served; t4 and t5 are still unlabelled (their reconciles queued behind hand-overs).
@@ -95,7 +95,7 @@ func TestRefreshPutsFirstWaitersLeftUnlabelled(t *testing.T) {
 	if g := l.Acquire(allocation.Request{Task: task(1), Platform: "linux/s390x", Created: t0.Add(time.Second)}); g.Host != "a" {
 		t.Fatalf("t1 did not get the freed slot: %+v", g)
 	}
-	if got, want := fmt.Sprint(r.unshownWaiters(5)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
+	if got, want := fmt.Sprint(r.unshownWaiters(r.waiterPlaces(), 5)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
 		t.Fatalf("at the third look woke %s, want %s", got, want)
 	}
 }
