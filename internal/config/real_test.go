@@ -9,12 +9,36 @@ import (
 	"github.com/berth-ci/berth/internal/testground/realdata"
 )
 
-// bareListed are the platforms of the real configs that are listed with no settings at all:
-// the only ones that may be unusable.
-var bareListed = map[string][]Platform{
+// bareListed are the platforms of a real config that a dynamic list names with no
+// dynamic.<platform>.* key at all: the only ones that may be unusable. They are read from the
+// file itself, as ../shared/real/README.md states the rule, so a newly rendered cluster (the
+// chart lists linux-g4xlarge/amd64 without a block for it) needs no entry here.
+func bareListed(data map[string]string) []Platform {
+	var bare []Platform
+	for _, list := range []string{"dynamic-platforms", "dynamic-pool-platforms"} {
+		for _, name := range strings.Split(data[list], ",") {
+			p := Platform(strings.TrimSpace(name))
+			if p == "" || slices.Contains(bare, p) {
+				continue
+			}
+			prefix := "dynamic." + p.Label() + "."
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(data)), func(k string) bool { return strings.HasPrefix(k, prefix) }) {
+				bare = append(bare, p)
+			}
+		}
+	}
+	slices.Sort(bare)
+	return bare
+}
+
+// knownBare pins what ../shared/real/README.md says of the files it names, so a loader that
+// took every platform as bare could not pass.
+var knownBare = map[string][]Platform{
 	"production/production-downstream-kflux-rhel-p01.host-config.yaml": {"linux-g6xlarge/amd64"},
 	"production/production-downstream-pentest-p01.host-config.yaml":    {"linux-g6xlarge/amd64"},
 	"upstream-examples/deploy_overlays_dev-template_host-config.yaml":  {"linux/s390x"},
+	"rendered/production-kflux-fedora-01.yaml":                         {"linux-g4xlarge/amd64", "linux-g6xlarge/arm64"},
+	"rendered/production-kflux-prd-rh02.yaml":                          {"linux-g4xlarge/amd64"},
 }
 
 func realConfigs(t *testing.T) []realdata.HostConfig {
@@ -29,7 +53,13 @@ func realConfigs(t *testing.T) []realdata.HostConfig {
 // TestEveryRealConfigLoads: every platform the real clusters list is served, but those listed
 // bare, which fail alone.
 func TestEveryRealConfigLoads(t *testing.T) {
-	for _, f := range realConfigs(t) {
+	files := realConfigs(t)
+	for name := range knownBare {
+		if !slices.ContainsFunc(files, func(f realdata.HostConfig) bool { return f.Name == name }) {
+			t.Errorf("%s is not among the real configs", name)
+		}
+	}
+	for _, f := range files {
 		t.Run(f.Name, func(t *testing.T) {
 			cfg, _ := Parse(f.Data)
 			if len(cfg.Fatal()) != 0 {
@@ -44,7 +74,11 @@ func TestEveryRealConfigLoads(t *testing.T) {
 					unusable = append(unusable, p)
 				}
 			}
-			if want := bareListed[f.Name]; !slices.Equal(unusable, want) {
+			want := bareListed(f.Data)
+			if known, ok := knownBare[f.Name]; ok && !slices.Equal(want, known) {
+				t.Fatalf("bare-listed platforms %v, want %v as ../shared/real/README.md says", want, known)
+			}
+			if !slices.Equal(unusable, want) {
 				t.Fatalf("unusable platforms %v, want %v; problems:\n%s", unusable, want, strings.ReplaceAll(cfg.Problems().Summary(), "; ", "\n"))
 			}
 			for _, p := range unusable {
