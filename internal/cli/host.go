@@ -81,8 +81,8 @@ func (f *hostFlags) target(c client.Client) (remote.Target, []byte, error) {
 
 func newHostProvisionCommand() *cobra.Command {
 	var (
-		hf                                                              hostFlags
-		userName, authorizedKey, owner, sudoCommands, dirFile, platform string
+		hf                                                                        hostFlags
+		userName, authorizedKey, owner, sudoCommands, dirFile, platform, uidRange string
 	)
 	cmd := &cobra.Command{
 		Use:   "provision",
@@ -102,12 +102,16 @@ The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 					return fmt.Errorf("SUDO_COMMANDS: %w", err)
 				}
 			}
+			uids, err := config.ParseUIDRange(uidRange)
+			if err != nil {
+				return fmt.Errorf("UID_RANGE: %w", err)
+			}
 			_, target, _, err := hf.login()
 			if err != nil {
 				return err
 			}
 			dir, err := hostops.CreateUserOn(cmd.Context(), target, platform, hostops.NewUser{
-				Name: userName, AuthorizedKey: []byte(authorizedKey), Owner: owner, SudoCommands: sudo})
+				Name: userName, AuthorizedKey: []byte(authorizedKey), Owner: owner, SudoCommands: sudo, UIDs: uids})
 			if err != nil {
 				return err
 			}
@@ -127,6 +131,7 @@ The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 	f.StringVar(&owner, "owner", "", "the user TaskRun, recorded beside the user (OWNER)")
 	f.StringVar(&sudoCommands, "sudo-commands", "", "comma list of the commands the build user may run with sudo (SUDO_COMMANDS)")
 	f.StringVar(&platform, "platform", "", "the platform the host serves (RAW_PLATFORM)")
+	f.StringVar(&uidRange, "uid-range", "", "FIRST-LAST: the IDs Linux build users get (UID_RANGE, the config's build-uid-range; its default when empty)")
 	f.StringVar(&dirFile, "user-dir-file", "", "file to write the build directory to (the user-dir result)")
 	_ = cmd.MarkFlagRequired("user-name")
 	_ = cmd.MarkFlagRequired("authorized-key")

@@ -41,6 +41,9 @@ type Config struct {
 	// UserKeyType is the algorithm of the keys berth makes for build users (berth's own key,
 	// user-key-type); DefaultKeyType unless set.
 	UserKeyType KeyType
+	// BuildUIDs are the IDs berth gives build users on Linux hosts (berth's own key,
+	// build-uid-range); DefaultUIDRange unless set.
+	BuildUIDs UIDRange
 
 	// broken holds, per platform, the errors that make it unusable: its tasks get an error
 	// secret that names them, and on a reload the platform keeps its last good settings.

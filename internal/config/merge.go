@@ -92,6 +92,10 @@ func Merge(prev, next *Config) (*Config, []Kept) {
 		out.UserKeyType = prev.UserKeyType
 		kept = append(kept, Kept{Key: userKeyTypeKey, Problems: next.problemsOf(userKeyTypeKey)})
 	}
+	if next.badGlobal[buildUIDRangeKey] {
+		out.BuildUIDs = prev.BuildUIDs
+		kept = append(kept, Kept{Key: buildUIDRangeKey, Problems: next.problemsOf(buildUIDRangeKey)})
+	}
 	return &out, kept
 }
 

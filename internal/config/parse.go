@@ -148,6 +148,7 @@ func (p *parser) parseGlobals() {
 		}
 	}
 	p.parseUserKeyType()
+	p.parseBuildUIDRange()
 	p.parseAllowedNamespaces()
 }
 
@@ -429,6 +430,8 @@ func (p *parser) checkFields(fields map[string]string, schema map[string]field, 
 			if v, err := strconv.ParseFloat(value, 64); err != nil || v <= 0 {
 				fail(name, "%q is not a positive number", value)
 			}
+		case f.shape != nil && value != "" && !f.shape.MatchString(value):
+			warn(name, "%q is not %s; berth passes it on as set, and %s: each task of this platform fails until it is fixed", value, f.shapeHelp, f.refusal)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(schema)) {

@@ -1,5 +1,7 @@
 package config
 
+import "regexp"
+
 // The keys the config understands, by section. A key's kind decides how its value is parsed;
 // anything not listed here is an unknown key (a warning, with a suggestion: berth ignores it, as
 // the multi-platform controller does).
@@ -17,7 +19,30 @@ type field struct {
 	kind     kind
 	required bool
 	help     string // what to set, for the message when it is missing
+	// shape, when set, is the form the cloud gives such values. One of another form is a
+	// warning, not an error: the cloud is the judge, and berth passes the value on as it is
+	// (see ec2ID). shapeHelp says what the value should be, refusal what the cloud answers.
+	shape              *regexp.Regexp
+	shapeHelp, refusal string
 }
+
+// ec2ID matches EC2 resource ids with prefix: the prefix, a dash and 8 or 17 hex digits
+// (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html). A malformed id is
+// only a warning: EC2 refuses it at launch itself (InvalidGroupId.Malformed and the like), it
+// has changed the length once (8 to 17 digits, 2016-2018), and a real overlay (lw-p01) ships
+// the placeholders SG_ID and SUBNET_ID in platforms that must still load.
+func ec2ID(prefix string) *regexp.Regexp {
+	return regexp.MustCompile(`^` + prefix + `-([0-9a-f]{8}|[0-9a-f]{17})$`)
+}
+
+var (
+	awsGroupID = field{kind: kindString, shape: ec2ID("sg"),
+		shapeHelp: "a security group id like sg-0123456789abcdef0 (a group's name goes in security-group)",
+		refusal:   "EC2 refuses every launch with InvalidGroupId.Malformed"}
+	awsSubnetID = field{kind: kindString, shape: ec2ID("subnet"),
+		shapeHelp: "a subnet id like subnet-0123456789abcdef0",
+		refusal:   "EC2 refuses every launch with InvalidSubnetID.Malformed"}
+)
 
 // globalKeys are the top-level keys.
 var globalKeys = map[string]field{
@@ -31,6 +56,8 @@ var globalKeys = map[string]field{
 	"max-tasks-per-namespace": {kind: kindInt},
 	// berth's own: the algorithm of the build users' keys (keytype.go).
 	"user-key-type": {kind: kindString},
+	// berth's own: the UIDs and subordinate IDs of build users on Linux hosts (uidrange.go).
+	"build-uid-range": {kind: kindString},
 }
 
 // hostKeys are the fields of host.<name>.<field>.
@@ -78,8 +105,8 @@ var providerKeys = map[string]map[string]field{
 		"key-name":              {kind: kindString, required: true},
 		"aws-secret":            {kind: kindString, required: true},
 		"security-group":        {kind: kindString},
-		"security-group-id":     {kind: kindString},
-		"subnet-id":             {kind: kindString},
+		"security-group-id":     awsGroupID,
+		"subnet-id":             awsSubnetID,
 		"instance-profile-name": {kind: kindString},
 		"instance-profile-arn":  {kind: kindString},
 		"strict-public-address": {kind: kindBool},

@@ -17,6 +17,7 @@ type Snapshot struct {
 	Dynamic              map[Platform]*DynamicPlatform `json:"dynamic,omitempty"`
 	MaxTasksPerNamespace int                           `json:"maxTasksPerNamespace,omitempty"`
 	UserKeyType          KeyType                       `json:"userKeyType,omitempty"`
+	BuildUIDs            *UIDRange                     `json:"buildUIDs,omitempty"`
 }
 
 // Snapshot returns the usable part of c: a broken platform is left out, so it can never be
@@ -24,6 +25,10 @@ type Snapshot struct {
 func (c *Config) Snapshot() Snapshot {
 	s := Snapshot{Platforms: map[Platform]Strategy{}, Dynamic: map[Platform]*DynamicPlatform{},
 		MaxTasksPerNamespace: c.MaxTasksPerNamespace, UserKeyType: c.UserKeyType}
+	if c.BuildUIDs != (UIDRange{}) && c.BuildUIDs != DefaultUIDRange {
+		r := c.BuildUIDs
+		s.BuildUIDs = &r
+	}
 	for _, p := range slices.Sorted(maps.Keys(c.Platforms)) {
 		if !c.Usable(p) {
 			continue
@@ -58,6 +63,13 @@ func UnmarshalSnapshot(data []byte) (*Config, error) {
 	}
 	if cfg.UserKeyType == "" {
 		cfg.UserKeyType = DefaultKeyType
+	}
+	cfg.BuildUIDs = DefaultUIDRange
+	if s.BuildUIDs != nil {
+		if _, err := ParseUIDRange(s.BuildUIDs.String()); err != nil {
+			return nil, fmt.Errorf("the stored config's build UID range: %w", err)
+		}
+		cfg.BuildUIDs = *s.BuildUIDs
 	}
 	for _, h := range cfg.Hosts {
 		if h == nil || cfg.Platforms[h.Platform] != StrategyStatic {

@@ -36,8 +36,10 @@ type Limits struct {
 // DefaultLimits leave room for a parallel build and stop a runaway one.
 var DefaultLimits = Limits{Processes: 4096, CPUMinutes: 6 * 60}
 
-// Clean removes a build user with its processes, home, sudo rule and limits. A user that is
-// already gone is success, so a repeated clean is harmless.
+// Clean removes a build user with its processes (those of its subordinate IDs too), home,
+// files elsewhere, IPC objects, jobs, sudo rule and limits, and frees its UID slice. A user
+// that is already gone is success, so a repeated clean is harmless. What would not go is a
+// *LeftoverError.
 func Clean(ctx context.Context, target remote.Target, user string) error {
 	if !userNameRE.MatchString(user) {
 		return fmt.Errorf("%q is not a berth build user name; refusing to remove it", truncate(user))
@@ -56,7 +58,7 @@ func clean(ctx context.Context, client *remote.Client, target remote.Target, use
 		return err
 	}
 	_, err = client.Run(ctx, "removing user "+user, line, nil)
-	return err
+	return leftover(target, user, err)
 }
 
 // asRoot builds the command line running script as root: directly for root, through

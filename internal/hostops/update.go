@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -35,6 +36,9 @@ type Report struct {
 	FreeBytes  uint64
 	TotalBytes uint64
 	Removed    []string // stale build users removed
+	// Leftovers are what the cleans of stale users could not remove. They are those users'
+	// doing, not the host's: they leave Healthy as it is, and the next update tries again.
+	Leftovers []*LeftoverError
 }
 
 // Update checks that the host is reachable and has disk to spare, removes stale build users,
@@ -81,10 +85,23 @@ func Update(ctx context.Context, req UpdateRequest) Report {
 			continue // when in doubt, keep: a live build must never lose its user
 		}
 		if err := clean(ctx, client, req.Target, u.name); err != nil {
-			reasons = append(reasons, fmt.Sprintf("could not remove stale user %s: %v", u.name, err))
+			reasons = report.failedClean(reasons, u.name, err)
 			continue
 		}
 		report.Removed = append(report.Removed, u.name)
+	}
+	// A claimed UID whose user is gone is a provision cut short or a clean that found
+	// leftovers: once it is as old as a stale user, nothing is still making it, and a clean
+	// retries it (it knows the user's IDs from the claim).
+	for _, c := range inv.claims {
+		if !userNameRE.MatchString(c.name) || req.TaskRunExists == nil || req.StaleAfter <= 0 || inv.now.Sub(c.since) < req.StaleAfter {
+			continue
+		}
+		if err := clean(ctx, client, req.Target, c.name); err != nil {
+			reasons = report.failedClean(reasons, c.name, err)
+			continue
+		}
+		report.Removed = append(report.Removed, c.name)
 	}
 	if req.MaintenanceCommand != "" {
 		if _, err := client.Run(ctx, "the maintenance command", req.MaintenanceCommand, nil); err != nil {
@@ -97,6 +114,17 @@ func Update(ctx context.Context, req UpdateRequest) Report {
 	return report
 }
 
+// failedClean files a stale user's failed clean: a leftover under Leftovers, anything else as
+// a reason the host is unhealthy.
+func (r *Report) failedClean(reasons []string, user string, err error) []string {
+	var left *LeftoverError
+	if errors.As(err, &left) {
+		r.Leftovers = append(r.Leftovers, left)
+		return reasons
+	}
+	return append(reasons, fmt.Sprintf("could not remove stale user %s: %v", user, err))
+}
+
 type buildUser struct {
 	name  string
 	since time.Time
@@ -106,7 +134,8 @@ type buildUser struct {
 type inventory struct {
 	free, total uint64
 	users       []buildUser
-	now         time.Time // the host's clock, against which ages are measured
+	claims      []buildUser // claimed UIDs whose user is gone, by the name the claim records
+	now         time.Time   // the host's clock, against which ages are measured
 }
 
 func parseInventory(out []byte) (inventory, error) {
@@ -139,6 +168,12 @@ func parseInventory(out []byte) (inventory, error) {
 				u.owner = f[3]
 			}
 			inv.users = append(inv.users, u)
+		case "claim":
+			if len(f) != 4 {
+				continue
+			}
+			secs, _ := strconv.ParseInt(f[3], 10, 64)
+			inv.claims = append(inv.claims, buildUser{name: f[2], since: time.Unix(secs, 0)})
 		case "now":
 			if len(f) == 2 {
 				secs, _ := strconv.ParseInt(f[1], 10, 64)

@@ -48,6 +48,9 @@ type NewUser struct {
 	SudoCommands []string
 	// Limits; DefaultLimits when zero.
 	Limits Limits
+	// UIDs is the range the user's UID and subordinate IDs come from (Linux only);
+	// config.DefaultUIDRange when zero.
+	UIDs config.UIDRange
 }
 
 func (u NewUser) check() (authorized []byte, err error) {
@@ -88,8 +91,15 @@ func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error)
 	if limits == (Limits{}) {
 		limits = DefaultLimits
 	}
+	uids := u.UIDs
+	if uids == (config.UIDRange{}) {
+		uids = config.DefaultUIDRange
+	}
+	if uids.Users() == 0 {
+		return "", fmt.Errorf("the build UID range %s holds no build user", uids)
+	}
 	return createAsRoot(ctx, t, u.Name, authorized, provisionScript, u.Name, fmt.Sprint(limits.Processes), fmt.Sprint(limits.CPUMinutes),
-		strings.Join(u.SudoCommands, ", "), u.Owner)
+		strings.Join(u.SudoCommands, ", "), u.Owner, fmt.Sprint(uids.First), fmt.Sprint(uids.Users()))
 }
 
 // createAsRoot runs a create script as root with the key on stdin; the script prints the new

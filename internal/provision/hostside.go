@@ -16,7 +16,7 @@ type Hostops struct {
 // CreateUser creates the job's user with its public key.
 func (h Hostops) CreateUser(ctx context.Context, t remote.Target, job Job) (string, error) {
 	return hostops.CreateUserOn(ctx, t, job.Login.Platform, hostops.NewUser{Name: job.User, AuthorizedKey: job.AuthorizedKey,
-		Owner: job.Owner, SudoCommands: job.SudoCommands})
+		Owner: job.Owner, SudoCommands: job.SudoCommands, UIDs: job.UIDs})
 }
 
 // RemoveUser removes a build user; one already gone is success.

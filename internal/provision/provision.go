@@ -11,6 +11,7 @@ import (
 	"time"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/config"
 )
 
 // Job is one build user on one host.
@@ -26,6 +27,8 @@ type Job struct {
 	// Owner is recorded on the host beside the user ("namespace/name uid").
 	Owner        string
 	SudoCommands []string
+	// UIDs is the config's build-uid-range: where a Linux build user's IDs come from.
+	UIDs config.UIDRange
 	// Wake is what Notify hands back when the job ends (the TaskRun's namespace/name).
 	Wake string
 }

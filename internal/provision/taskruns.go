@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 )
 
@@ -119,7 +120,15 @@ func outcomeOf(tr *pipelinev1.TaskRun) Outcome {
 func (p *TaskRuns) Provision(ctx context.Context, job Job) Outcome {
 	return p.run(ctx, p.taskRun(internalName(contract.TaskTypeProvision, job.ID), contract.TaskTypeProvision, p.ProvisionTask, job.Login, job.Wake,
 		param("USER_NAME", job.User), param("AUTHORIZED_KEY", strings.TrimSpace(string(job.AuthorizedKey))),
-		param("OWNER", job.Owner), param("SUDO_COMMANDS", strings.Join(job.SudoCommands, ","))))
+		param("OWNER", job.Owner), param("SUDO_COMMANDS", strings.Join(job.SudoCommands, ",")), param("UID_RANGE", uidRange(job.UIDs))))
+}
+
+// uidRange is the UID_RANGE param: empty (the default range) when the config sets none.
+func uidRange(r config.UIDRange) string {
+	if r == (config.UIDRange{}) {
+		return ""
+	}
+	return r.String()
 }
 
 // Clean runs the clean TaskRun of the job, after its provision TaskRun has ended.
