@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/realdata"
@@ -164,18 +167,53 @@ func TestValidateLiveConfigChecksSecrets(t *testing.T) {
 	}
 }
 
+// bareListed are the platforms a dynamic list of a real config names with no
+// dynamic.<platform>.* key at all, comma-joined in sorted order: the only ones
+// ../shared/real/README.md lets be unusable. They are read from the file, so a newly rendered
+// cluster (the chart lists linux-g4xlarge/amd64 without a block for it) needs no entry here.
+func bareListed(data map[string]string) string {
+	var bare []string
+	for _, list := range []string{"dynamic-platforms", "dynamic-pool-platforms"} {
+		for _, name := range strings.Split(data[list], ",") {
+			p := config.Platform(strings.TrimSpace(name))
+			if p == "" || slices.Contains(bare, string(p)) {
+				continue
+			}
+			prefix := "dynamic." + p.Label() + "."
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(data)), func(k string) bool { return strings.HasPrefix(k, prefix) }) {
+				bare = append(bare, string(p))
+			}
+		}
+	}
+	slices.Sort(bare)
+	return strings.Join(bare, ",")
+}
+
 // TestValidateEveryRealConfig runs `berth config validate --json` on every ConfigMap real
-// clusters run with: exit 0, but for the three that list a platform bare, which exit 1 with only
-// that platform unusable.
+// clusters run with: exit 0, but for those that list a platform bare, which exit 1 with only
+// those platforms unusable.
 func TestValidateEveryRealConfig(t *testing.T) {
 	files, err := realdata.HostConfigs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bare := map[string]string{
+	// What ../shared/real/README.md says of the files it names, so that a bareListed that
+	// found every platform bare, or none, could not pass.
+	known := map[string]string{
 		"production/production-downstream-kflux-rhel-p01.host-config.yaml": "linux-g6xlarge/amd64",
 		"production/production-downstream-pentest-p01.host-config.yaml":    "linux-g6xlarge/amd64",
 		"upstream-examples/deploy_overlays_dev-template_host-config.yaml":  "linux/s390x",
+		"rendered/production-kflux-fedora-01.yaml":                         "linux-g4xlarge/amd64,linux-g6xlarge/arm64",
+		"rendered/production-downstream-kflux-lw-p01.yaml":                 "",
+	}
+	bare := map[string]string{}
+	for _, f := range files {
+		if b := bareListed(f.Data); b != "" {
+			bare[f.Name] = b
+		}
+		if want, ok := known[f.Name]; ok && bare[f.Name] != want {
+			t.Errorf("%s: bare-listed %q, want %q as ../shared/real/README.md says", f.Name, bare[f.Name], want)
+		}
 	}
 	for _, f := range files {
 		t.Run(f.Name, func(t *testing.T) {
@@ -185,12 +223,28 @@ func TestValidateEveryRealConfig(t *testing.T) {
 				t.Fatalf("not JSON: %v\n%s", jerr, out)
 			}
 			var unusable []string
+			warned := map[string]string{} // key → message of the platforms' warnings
 			for _, p := range doc.Platforms {
 				if !p.Usable {
 					unusable = append(unusable, p.Platform)
 				}
 				if p.Strategy == "" || p.Problems == nil {
 					t.Errorf("platform entry without strategy or problems list: %+v", p)
+				}
+				for _, pr := range p.Problems {
+					if pr.Severity == "warning" {
+						warned[pr.Key] = pr.Message
+					}
+				}
+			}
+			slices.Sort(unusable)
+			// The placeholder ids of this overlay leave its platforms usable, and the operator
+			// is told which key holds what.
+			if f.Name == "rendered/production-downstream-kflux-lw-p01.yaml" {
+				for key, value := range map[string]string{"dynamic.linux-amd64.security-group-id": `"SG_ID"`, "dynamic.linux-arm64.subnet-id": `"SUBNET_ID"`} {
+					if !strings.Contains(warned[key], value) {
+						t.Errorf("no warning on %s quoting %s: %q", key, value, warned[key])
+					}
 				}
 			}
 			want, isBare := bare[f.Name]

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -574,6 +575,25 @@ func TestCredentials(t *testing.T) {
 		wantKind(t, "list while Secrets cannot be read", err, cloud.Transient)
 	})
 
+	t.Run("IAM denies RunInstances", func(t *testing.T) {
+		const principal = "arn:aws:iam::210987654321:user/berth-launcher"
+		srv.Deny("RunInstances", principal)
+		defer srv.Allow("RunInstances")
+		p := newTestProvider(t, values(srv.URL()), goodSecrets())
+		before := len(srv.Calls("RunInstances"))
+		_, err := p.Launch(ctx, cloud.LaunchRequest{Token: "denied"})
+		// The operator's error keeps EC2's words: they say which principal lacks which action.
+		wantKind(t, "launch IAM denies", err, cloud.Auth, "UnauthorizedOperation", principal, "ec2:RunInstances", secretName)
+		// One call, and one more with the credentials read again (see call): not the SDK's
+		// retries of a refusal for good.
+		if n := len(srv.Calls("RunInstances")) - before; n != 2 {
+			t.Errorf("RunInstances called %d times, want 2", n)
+		}
+		if _, err := p.List(ctx, nil); err != nil {
+			t.Errorf("list, which IAM allows: %v", err)
+		}
+	})
+
 	t.Run("revoked and rotated", func(t *testing.T) {
 		s := goodSecrets()
 		p := newTestProvider(t, values(srv.URL()), s)
@@ -605,8 +625,6 @@ func TestSetup(t *testing.T) {
 		"instance-type":             "",
 		"key-name":                  "",
 		"aws-secret":                "Not_A_Name",
-		"security-group-id":         "launch-wizard-1",
-		"subnet-id":                 "0aa719a6",
 		"instance-profile-arn":      "otelcol",
 		"strict-public-address":     "yes please",
 		"disk":                      "big",
@@ -634,28 +652,152 @@ func TestSetup(t *testing.T) {
 	wantKind(t, "a token over 64 characters", err, cloud.BadConfig)
 }
 
-// Every aws platform of the real configs builds a provider, and its launch request passes
-// the stand-in's checks (user data within EC2's limit, well-formed ids).
+// A security group or subnet id of the wrong form builds a provider, as every other key of the
+// platform may be right and config.Parse warns of it; EC2 is the judge, and its refusal fails
+// the launch as BadConfig naming the key and EC2's code, before anything is launched. (The
+// values are mistakes seen in configs: a group's name, an id without its prefix.)
+func TestMalformedIDsAreRefusedByEC2(t *testing.T) {
+	srv := startEC2(t)
+	ctx := testContext(t)
+	for _, tc := range []struct{ key, value, code string }{
+		{"security-group-id", "launch-wizard-1", "InvalidGroupId.Malformed"},
+		{"subnet-id", "0aa719a6", "InvalidSubnetID.Malformed"},
+		{"subnet-id", "SUBNET_ID", "InvalidSubnetID.Malformed"},
+	} {
+		v := values(srv.URL())
+		v[tc.key] = tc.value
+		p := newTestProvider(t, v, goodSecrets())
+		before := len(srv.Calls("RunInstances"))
+		_, err := p.Launch(ctx, cloud.LaunchRequest{Token: "malformed-" + tc.key})
+		wantKind(t, tc.key+"="+tc.value, err, cloud.BadConfig, tc.code, "check "+tc.key, "linux/arm64")
+		if n := len(srv.Calls("RunInstances")) - before; n != 1 {
+			t.Errorf("%s=%s: RunInstances called %d times; a malformed id is refused for good, not retried", tc.key, tc.value, n)
+		}
+	}
+	noneLeft(t, srv, 0)
+}
+
+// placeholderIDs counts, per real config, the aws platforms whose security-group-id or
+// subnet-id is not an EC2 id: the lw-p01 overlay ships SG_ID and SUBNET_ID.
+var placeholderIDs = map[string]int{
+	"rendered/production-downstream-kflux-lw-p01.yaml": 2,
+}
+
+// malformedCodes are EC2's answers to an id of the wrong form in RunInstances.
+var malformedCodes = map[string]string{"security-group-id": "InvalidGroupId.Malformed", "subnet-id": "InvalidSubnetID.Malformed"}
+
+// Every aws platform of the real configs builds a provider and launches in the stand-in, whose
+// checks are EC2's (user data within its limit, well-formed ids, block devices, placement).
+// Where config.Parse warns of a malformed id, the provider builds all the same, and EC2's
+// refusal fails the launch as BadConfig naming the key, with nothing launched.
 func TestRealConfigsBuildProviders(t *testing.T) {
 	configs, err := realdata.HostConfigs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	type platformCase struct {
+		file     string
+		platform config.Platform
+		values   map[string]string
+		warned   []string // the id keys config.Parse warned of
+	}
+	var cases []platformCase
+	regions, keyPairs := map[string]bool{}, map[string]bool{}
+	warnedIn := map[string]int{}
 	for _, hc := range configs {
-		cfg, _ := config.Parse(hc.Data)
-		for platform, d := range cfg.Dynamic {
+		cfg, problems := config.Parse(hc.Data)
+		for _, platform := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
+			d := cfg.Dynamic[platform]
 			if d.Type != "aws" {
 				continue
 			}
-			_, err := New(cloud.Settings{Platform: string(platform), Values: d.Settings, Secret: goodSecrets().Read})
-			if err != nil {
-				t.Errorf("%s: %s: %v", hc.Name, platform, err)
+			c := platformCase{file: hc.Name, platform: platform, values: d.Settings}
+			for key := range malformedCodes {
+				full := "dynamic." + platform.Label() + "." + key
+				for _, p := range problems {
+					if p.Key != full {
+						continue
+					}
+					if p.Severity != config.Warning || !strings.Contains(p.Message, strconv.Quote(d.Settings[key])) {
+						t.Errorf("%s: %s: want a warning that quotes the value %q, got %s", hc.Name, platform, d.Settings[key], p)
+					}
+					c.warned = append(c.warned, key)
+				}
 			}
-			n++
+			if len(c.warned) > 0 {
+				warnedIn[hc.Name]++
+			}
+			regions[d.Settings["region"]], keyPairs[d.Settings["key-name"]] = true, true
+			cases = append(cases, c)
 		}
 	}
-	if n < 100 {
-		t.Errorf("only %d aws platforms in the real configs", n)
+	if !maps.Equal(warnedIn, placeholderIDs) {
+		t.Errorf("platforms with a malformed id, per config: %v, want %v", warnedIn, placeholderIDs)
 	}
+	if len(cases) < 100 {
+		t.Errorf("only %d aws platforms in the real configs", len(cases))
+	}
+
+	servers := map[string]*ec2fake.Server{}
+	for region := range regions {
+		servers[region] = ec2fake.NewForTest(t, ec2fake.Options{AccessKeyID: accessKeyID, SecretAccessKey: secretAccessKey,
+			Region: region, KeyPairs: slices.Collect(maps.Keys(keyPairs))})
+	}
+	ctx := testContext(t)
+	launched := 0
+	for i, c := range cases {
+		what := c.file + ": " + string(c.platform)
+		srv := servers[c.values["region"]]
+		v := maps.Clone(c.values)
+		v["endpoint"] = srv.URL()
+		// The key under the Secret name the platform gives (aws-account, or awsiam upstream).
+		s := secrets{v["aws-secret"]: goodSecrets()[secretName]}
+		p, err := New(cloud.Settings{Platform: string(c.platform), Values: v, Secret: s.Read})
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			continue
+		}
+		before := srv.Machines().LaunchCount()
+		inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: fmt.Sprintf("real-%d", i), Name: fmt.Sprintf("%s-%d", c.platform.Label(), i),
+			Tags: map[string]string{cloud.TagInstallation: "real", cloud.TagPlatform: c.platform.Label()}})
+		if len(c.warned) == 0 {
+			if err != nil {
+				t.Errorf("%s: launch: %v", what, err)
+				continue
+			}
+			launched++
+			if err := p.Terminate(ctx, inst.ID); err != nil {
+				t.Errorf("%s: terminate: %v", what, err)
+			}
+			continue
+		}
+		if err == nil || cloud.KindOf(err) != cloud.BadConfig {
+			t.Errorf("%s: launch with malformed %v: %v, want EC2's refusal as BadConfig", what, c.warned, err)
+		} else if !slices.ContainsFunc(c.warned, func(key string) bool {
+			return strings.Contains(err.Error(), malformedCodes[key]) && strings.Contains(err.Error(), "check "+key)
+		}) {
+			t.Errorf("%s: %q names neither EC2's code nor the key of %v", what, err, c.warned)
+		}
+		if n := srv.Machines().LaunchCount(); n != before {
+			t.Errorf("%s: a refused launch started %d machines", what, n-before)
+		}
+	}
+	if n := len(cases) - sumValues(warnedIn); launched != n {
+		t.Errorf("%d of %d well-formed platforms launched", launched, n)
+	}
+	for region, srv := range servers {
+		for _, m := range srv.Machines().Instances() {
+			if m.State != vmcloud.Gone {
+				t.Errorf("%s: machine %s (%s) is %s at the end", region, m.ID, m.Token, m.State)
+			}
+		}
+	}
+}
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }

@@ -41,8 +41,6 @@ var (
 	regionShape       = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
 	amiShape          = regexp.MustCompile(`^(ami-[0-9a-f]{8,17}|resolve:ssm:\S+)$`)
 	instanceTypeShape = regexp.MustCompile(`^[a-z0-9-]+\.[a-z0-9-]+$`)
-	groupIDShape      = regexp.MustCompile(`^sg-[0-9a-f]{8,17}$`)
-	subnetIDShape     = regexp.MustCompile(`^subnet-[0-9a-f]{8,17}$`)
 	secretNameShape   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 	profileARNShape   = regexp.MustCompile(`^arn:aws[a-z-]*:iam::[0-9]{12}:instance-profile/.+$`)
 	groupARNShape     = regexp.MustCompile(`^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:[0-9]{12}:group/.+$`)
@@ -50,6 +48,11 @@ var (
 )
 
 // parseSettings checks every key it knows; an error of kind BadConfig names the key.
+// security-group-id and subnet-id are passed on unchecked: a malformed one is the config's
+// warning (config.Parse), and EC2 refuses it at launch with InvalidGroupId.Malformed or
+// InvalidSubnetID.Malformed, which fails the launch as BadConfig naming the key (see hints).
+// Refusing it here would make the whole platform unbuildable for a value only EC2 can judge,
+// and real overlays ship placeholders (SG_ID) in platforms that must still load.
 func parseSettings(platform string, values map[string]string) (launchSettings, error) {
 	get := func(key string) string { return strings.TrimSpace(values[key]) }
 	bad := func(key, format string, args ...any) error {
@@ -93,8 +96,6 @@ func parseSettings(platform string, values map[string]string) (launchSettings, e
 		key, value, what string
 		shape            *regexp.Regexp
 	}{
-		{"security-group-id", s.securityGroupID, "a security group id like sg-0123456789abcdef0", groupIDShape},
-		{"subnet-id", s.subnetID, "a subnet id like subnet-0123456789abcdef0", subnetIDShape},
 		{"instance-profile-arn", s.profileARN, "an instance profile ARN like arn:aws:iam::123456789012:instance-profile/name", profileARNShape},
 		{"host-resource-group-arn", s.hostResourceGroupARN, "a resource group ARN like arn:aws:resource-groups:us-east-1:123456789012:group/name", groupARNShape},
 		{"license-configuration-arn", s.licenseARN, "a license configuration ARN like arn:aws:license-manager:us-east-1:123456789012:license-configuration:lic-0123", licenseARNShape},
