@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -71,7 +72,7 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, $KUBECONFIG or ~/.kube/config)")
-	f.Float32Var(&qps, "kube-api-qps", 100, "requests per second to the apiserver the server allows itself (a redemption takes four)")
+	f.Float32Var(&qps, "kube-api-qps", 100, "requests per second to the apiserver the process allows itself for its sweep and leader election (redemptions and /store-key have their own client: --redeem-kube-api-qps)")
 	f.IntVar(&burst, "kube-api-burst", 200, "burst above --kube-api-qps")
 	f.StringVar(&store.Namespace, "namespace", store.Namespace, "berth's namespace, where the keys and the tasks' records are (default $POD_NAMESPACE)")
 	f.StringVar(&serve.Addr, "bind-address", serve.Addr, "where the key server listens (HTTPS)")
@@ -81,6 +82,23 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 	f.StringVar(&metricsAddress, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	f.StringVar(&healthAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 disables them")
 	f.BoolVar(&leaderElect, "leader-elect", false, "elect a leader for the sweep of expired keys, when several replicas serve")
+	keyServerFlags(f, "", &serve.KubeAPIQPS, &serve.KubeAPIBurst, &serve.Limits, &serve.UnsureReads, &serve.UnsureBurst)
 	_ = cmd.MarkFlagRequired("cert-dir")
 	return cmd
+}
+
+// keyServerFlags are the key server's own apiserver budget and its limits on clients, named
+// with prefix in the controller (otp-) and without in otp-server.
+func keyServerFlags(f *pflag.FlagSet, prefix string, qps *float32, burst *int, limits *keyserver.Limits, unsureReads *float64, unsureBurst *int) {
+	d := keyserver.DefaultLimits()
+	*limits = d
+	f.Float32Var(qps, prefix+"redeem-kube-api-qps", keyserver.DefaultKubeAPIQPS, "requests per second to the apiserver the key server's own client allows itself (redemptions, TokenReviews); it shares no limiter with anything else")
+	f.IntVar(burst, prefix+"redeem-kube-api-burst", keyserver.DefaultKubeAPIBurst, "burst above --"+prefix+"redeem-kube-api-qps")
+	f.Float64Var(&limits.SourceRate, prefix+"source-rate", d.SourceRate, "requests per second the key server takes from one client address (429 with Retry-After past it)")
+	f.IntVar(&limits.SourceBurst, prefix+"source-burst", d.SourceBurst, "requests one client address may send at once above --"+prefix+"source-rate")
+	f.IntVar(&limits.SourceConcurrency, prefix+"source-concurrency", d.SourceConcurrency, "requests of one client address the key server serves at the same time")
+	f.IntVar(&limits.Sources, prefix+"sources", d.Sources, "client addresses the key server remembers for its limits; past it the least recently heard is forgotten")
+	f.IntVar(&limits.Concurrency, prefix+"concurrency", d.Concurrency, "requests of all clients together the key server serves at the same time")
+	f.Float64Var(unsureReads, prefix+"unsure-reads", keyserver.DefaultUnsureReads, "apiserver reads per second of tokens the key index cannot judge while its watch is not current (503 with Retry-After past it)")
+	f.IntVar(unsureBurst, prefix+"unsure-burst", keyserver.DefaultUnsureBurst, "burst above --"+prefix+"unsure-reads")
 }

@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -55,6 +54,13 @@ type Options struct {
 	CleanTask            string
 	UpdateTask           string
 	TaskServiceAccount   string
+	// MetricsSecure serves /metrics over HTTPS to authenticated clients allowed to get it (see
+	// metricsOptions); false serves it to anyone over plain HTTP.
+	MetricsSecure bool
+	// MetricsCertDir holds the metrics' tls.crt and tls.key (reloaded when they change); ""
+	// gives a self-signed certificate made at start (controller-runtime's, which takes one from
+	// <tmp>/k8s-metrics-server/serving-certs instead if that holds one).
+	MetricsCertDir string
 	// Provisioner is how hosts are worked on: "ssh" (the controller itself) or "taskrun"
 	// (internal TaskRuns, for clusters where only pods may reach hosts).
 	Provisioner string
@@ -110,6 +116,17 @@ type OTPOptions struct {
 	KeyTTL time.Duration
 	// StoreKeyServiceAccounts ("namespace/name") may POST /store-key; none: nobody may.
 	StoreKeyServiceAccounts []string
+	// KubeAPIQPS and KubeAPIBurst limit the key server's own apiserver client: redemptions
+	// never share the controller's client or its limiter (keyserver defaults when zero).
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// Limits bound each source's requests and all of them together (keyserver.DefaultLimits
+	// for zero fields).
+	Limits keyserver.Limits
+	// UnsureReads and UnsureBurst bound the apiserver reads of tokens the key index cannot
+	// judge while its watch is not current (keyserver defaults when zero).
+	UnsureReads float64
+	UnsureBurst int
 }
 
 func (o OTPOptions) serves() bool { return o.BindAddress != "" && o.BindAddress != "0" }
@@ -152,6 +169,7 @@ func DefaultOptions() Options {
 	return Options{
 		Namespace:            hostconfig.DefaultNamespace,
 		MetricsAddress:       ":8080",
+		MetricsSecure:        true,
 		HealthProbeAddress:   ":8081",
 		LeaderElectionID:     "berth-controller",
 		ConcurrentReconciles: 10,
@@ -177,10 +195,14 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := o.OTP.check(); err != nil {
 		return nil, err
 	}
+	metrics, err := metricsOptions(o)
+	if err != nil {
+		return nil, err
+	}
 	opts := ctrl.Options{
 		Scheme:                  kubescheme.New(),
 		Cache:                   taskrun.CacheOptions(o.Namespace),
-		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddress},
+		Metrics:                 metrics,
 		HealthProbeBindAddress:  o.HealthProbeAddress,
 		PprofBindAddress:        o.PprofAddress,
 		LeaderElection:          o.LeaderElection,
@@ -293,7 +315,8 @@ func setupOTP(mgr ctrl.Manager, uncached client.Client, reconciler *taskrun.Reco
 		return nil
 	}
 	return keyserver.Serve(mgr, keys, keyserver.ServeOptions{Addr: o.OTP.BindAddress, CertDir: o.OTP.CertDir,
-		StoreKeyServiceAccounts: o.OTP.StoreKeyServiceAccounts})
+		StoreKeyServiceAccounts: o.OTP.StoreKeyServiceAccounts, KubeAPIQPS: o.OTP.KubeAPIQPS, KubeAPIBurst: o.OTP.KubeAPIBurst,
+		Limits: o.OTP.Limits, UnsureReads: o.OTP.UnsureReads, UnsureBurst: o.OTP.UnsureBurst})
 }
 
 // servingCertificateIn checks that dir holds the webhook's certificate and key, so that a

@@ -74,6 +74,8 @@ type Options struct {
 	LogDir string
 	// Progress, if set, hears of each component once it is up.
 	Progress func(Step)
+	// ControlPlane are further options of the control plane (a test's audit log, say).
+	ControlPlane []controlplane.Option
 }
 
 // Step is one component of the stack come up.
@@ -238,6 +240,7 @@ func (s *Stack) startControlPlane(opts Options, stateDir string) (string, error)
 	if opts.LogDir != "" {
 		cpOpts = append(cpOpts, controlplane.WithLogDir(opts.LogDir))
 	}
+	cpOpts = append(cpOpts, opts.ControlPlane...)
 	var err error
 	if s.ControlPlane, err = controlplane.Start(cpOpts...); err != nil {
 		return "", err

@@ -68,7 +68,7 @@ func setup(ctx context.Context) error {
 }
 
 // asController is a client acting as berth's controller.
-func asController(t *testing.T) client.Client {
+func asController(t testing.TB) client.Client {
 	t.Helper()
 	c, err := client.New(cp.ConfigFor(namespace, controller), client.Options{Scheme: cp.Client.Scheme()})
 	if err != nil {
@@ -78,7 +78,7 @@ func asController(t *testing.T) client.Client {
 }
 
 // newStore is a store in berth's namespace, as the controller makes it.
-func newStore(t *testing.T) *keyserver.Store {
+func newStore(t testing.TB) *keyserver.Store {
 	return &keyserver.Store{Client: asController(t), Namespace: namespace}
 }
 
@@ -88,7 +88,7 @@ type task struct {
 	rec *berthv1.Allocation
 }
 
-func newTask(t *testing.T) task {
+func newTask(t testing.TB) task {
 	t.Helper()
 	ctx := context.Background()
 	tr := &pipelinev1.TaskRun{
@@ -117,7 +117,7 @@ func (k task) binding() *keyserver.Binding {
 }
 
 // privateKey is a build user's key as berth makes them, in OpenSSH's format.
-func privateKey(t *testing.T) []byte {
+func privateKey(t testing.TB) []byte {
 	t.Helper()
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -132,7 +132,7 @@ func privateKey(t *testing.T) []byte {
 
 // certDir holds a serving certificate for 127.0.0.1 from a CA of its own, as cert-manager's
 // Secret is mounted.
-func certDir(t *testing.T) (dir string, ca *tlscerts.CA) {
+func certDir(t testing.TB) (dir string, ca *tlscerts.CA) {
 	t.Helper()
 	ca, err := tlscerts.NewCA("berth-otp-test-ca")
 	if err != nil {
@@ -156,6 +156,12 @@ type server struct {
 // POST /store-key. It is stopped when the test ends, if not before.
 func serve(t *testing.T, store *keyserver.Store, dir string, ca *tlscerts.CA, storeKey keyserver.Authenticator) *server {
 	t.Helper()
+	return serveHandler(t, &keyserver.Handler{Store: store, StoreKey: storeKey, Log: logr.Discard()}, dir, ca)
+}
+
+// serveHandler is serve for a handler made by the test.
+func serveHandler(t testing.TB, h *keyserver.Handler, dir string, ca *tlscerts.CA) *server {
+	t.Helper()
 	certs, err := certwatcher.New(filepath.Join(dir, keyserver.CertFile), filepath.Join(dir, keyserver.KeyFile))
 	if err != nil {
 		t.Fatal(err)
@@ -165,8 +171,7 @@ func serve(t *testing.T, store *keyserver.Store, dir string, ca *tlscerts.CA, st
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	endpoint := &keyserver.Endpoint{Listener: ln, Certs: certs,
-		Handler: &keyserver.Handler{Store: store, StoreKey: storeKey, Log: logr.Discard()}}
+	endpoint := &keyserver.Endpoint{Listener: ln, Certs: certs, Handler: h}
 	done := make(chan error, 2)
 	go func() { done <- certs.Start(ctx) }()
 	go func() { done <- endpoint.Start(ctx) }()

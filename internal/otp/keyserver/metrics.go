@@ -8,7 +8,7 @@ import (
 var (
 	redemptions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_otp_redemptions_total",
-		Help: "Requests to redeem a one-time token, by outcome: redeemed, unknown (never issued or already used), expired, ended (its task ended or moved on), malformed, failed (the apiserver could not be asked; the key is kept).",
+		Help: "Requests to redeem a one-time token, by outcome: redeemed, unknown (never issued or already used), expired, ended (its task ended or moved on), malformed, busy (the key index was not current and its budget of apiserver reads was spent; try again), failed (the apiserver could not be asked; the key is kept).",
 	}, []string{"outcome"})
 	stored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_otp_keys_stored_total",
@@ -22,8 +22,12 @@ var (
 		Name: "berth_otp_store_key_refusals_total",
 		Help: "Refused POST /store-key requests, by reason: disabled, unauthenticated, forbidden.",
 	}, []string{"reason"})
+	throttled = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_otp_throttled_total",
+		Help: "Requests answered 429 before they were read, by the limit they met: source-rate, source-concurrency (one address), concurrency (all addresses together).",
+	}, []string{"limit"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals)
+	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals, throttled)
 }

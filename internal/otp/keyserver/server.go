@@ -33,7 +33,9 @@ type Handler struct {
 	Store *Store
 	// StoreKey decides who may POST /store-key; nil refuses everyone.
 	StoreKey Authenticator
-	Log      logr.Logger
+	// Limits, if set, bound each source's requests and all of them together (429 past them).
+	Limits *Limiter
+	Log    logr.Logger
 }
 
 // ServeHTTP routes a request.
@@ -56,6 +58,16 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, serve func(http.R
 		w.Header().Set("Allow", http.MethodPost)
 		plain(w, http.StatusMethodNotAllowed, r.URL.Path+" takes POST")
 		return
+	}
+	if h.Limits != nil {
+		release, refused, wait := h.Limits.Admit(sourceAddr(r))
+		if release == nil {
+			throttled.WithLabelValues(refused).Inc()
+			w.Header().Set("Retry-After", retryAfter(wait))
+			plain(w, http.StatusTooManyRequests, "too many requests from this address or to this server: try again after the time Retry-After says")
+			return
+		}
+		defer release()
 	}
 	serve(w, r)
 }
@@ -94,6 +106,8 @@ func (h *Handler) redeem(w http.ResponseWriter, r *http.Request) {
 		outcome, status = "expired", http.StatusGone
 	case errors.Is(err, ErrEnded):
 		outcome, status = "ended", http.StatusGone
+	case errors.Is(err, ErrBusy):
+		outcome, status = "busy", http.StatusServiceUnavailable
 	default:
 		outcome, status = "failed", http.StatusServiceUnavailable
 	}
@@ -109,6 +123,12 @@ func (h *Handler) redeem(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		_, _ = w.Write(done.Key)
 	case http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", "1")
+		if outcome == "busy" {
+			log.Info("one-time token put off", "reason", err.Error())
+			plain(w, status, ErrBusy.Error())
+			return
+		}
 		log.Error(err, "redeeming a one-time token")
 		plain(w, status, "the key server cannot reach the Kubernetes API right now; the key is kept, try again")
 	default:

@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
@@ -29,10 +31,43 @@ type ServeOptions struct {
 	CertDir string
 	// StoreKeyServiceAccounts ("namespace/name") may POST /store-key; none: nobody may.
 	StoreKeyServiceAccounts []string
+	// KubeAPIQPS and KubeAPIBurst limit the requests of the server's own client to the
+	// apiserver (redemptions, TokenReviews, its index's watch): it shares no client and no
+	// limiter with the process it runs in, so a flood held up there holds up no one else.
+	// Zero takes DefaultKubeAPIQPS and DefaultKubeAPIBurst.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// Limits bound each source's requests and all of them together (DefaultLimits for zero
+	// fields).
+	Limits Limits
+	// UnsureReads (per second) and UnsureBurst bound the apiserver reads of tokens the index
+	// cannot judge while its watch is not current (DefaultUnsureReads, DefaultUnsureBurst).
+	UnsureReads float64
+	UnsureBurst int
 }
 
+// The key server's own apiserver budget by default. A redemption takes at most four requests
+// (read the key, its record, the TaskRun; delete the key): 50 a second is a dozen redemptions a
+// second, and a burst of 100 serves 25 tasks that start together without waiting.
+const (
+	DefaultKubeAPIQPS   = 50
+	DefaultKubeAPIBurst = 100
+)
+
+// While the index is not current (its first list, or the moment between one watch and the
+// next), a token it does not know is read from the apiserver: at most this many a second, in
+// bursts of this many, whatever the number of clients. Past that it is answered 503 "try
+// again": a flood then still costs the apiserver nothing more.
+const (
+	DefaultUnsureReads = 5
+	DefaultUnsureBurst = 10
+)
+
 // Serve adds the key server of store to mgr: its certificate watcher, its HTTPS endpoint on
-// every replica, and a readiness check that passes once it accepts connections.
+// every replica, its index of kept keys, and a readiness check that passes once it accepts
+// connections and its index has listed the keys. Redemptions go through a client of the
+// server's own (o.KubeAPIQPS, o.KubeAPIBurst), never store's; store is told of the index so
+// that a key it keeps is known at once.
 func Serve(mgr manager.Manager, store *Store, o ServeOptions) error {
 	allowed, err := ParseServiceAccounts(o.StoreKeyServiceAccounts)
 	if err != nil {
@@ -45,9 +80,37 @@ func Serve(mgr manager.Manager, store *Store, o ServeOptions) error {
 	if err := mgr.Add(certs); err != nil {
 		return err
 	}
-	h := &Handler{Store: store, Log: mgr.GetLogger().WithName("otp-server")}
+	cfg := rest.CopyConfig(mgr.GetConfig())
+	cfg.QPS, cfg.Burst, cfg.RateLimiter = o.KubeAPIQPS, o.KubeAPIBurst, nil
+	if cfg.QPS <= 0 {
+		cfg.QPS = DefaultKubeAPIQPS
+	}
+	if cfg.Burst <= 0 {
+		cfg.Burst = DefaultKubeAPIBurst
+	}
+	own, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return fmt.Errorf("the key server's own client: %w", err)
+	}
+	reads, burst := o.UnsureReads, o.UnsureBurst
+	if reads <= 0 {
+		reads = DefaultUnsureReads
+	}
+	if burst <= 0 {
+		burst = DefaultUnsureBurst
+	}
+	index, err := NewIndex(cfg, store.Namespace, reads, burst)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(index); err != nil {
+		return err
+	}
+	store.Index = index
+	redeemer := &Store{Client: own, Namespace: store.Namespace, TTL: store.TTL, Now: store.Now, Index: index}
+	h := &Handler{Store: redeemer, Limits: NewLimiter(o.Limits), Log: mgr.GetLogger().WithName("otp-server")}
 	if len(allowed) > 0 {
-		h.StoreKey = ServiceAccounts{Client: store.Client, Allowed: allowed}
+		h.StoreKey = ServiceAccounts{Client: own, Allowed: allowed}
 	}
 	endpoint := &Endpoint{Addr: o.Addr, Certs: certs, Handler: h}
 	if err := mgr.Add(endpoint); err != nil {
@@ -56,6 +119,9 @@ func Serve(mgr manager.Manager, store *Store, o ServeOptions) error {
 	return mgr.AddReadyzCheck("otp-server", func(*http.Request) error {
 		if !endpoint.Serving() {
 			return errors.New("the key server does not accept connections yet")
+		}
+		if !index.HasSynced() {
+			return errors.New("the key server has not listed the kept keys yet")
 		}
 		return nil
 	})

@@ -65,6 +65,9 @@ var (
 	ErrUnknown = errors.New("unknown or already used one-time token: a token is good for one redemption; start a new build to get another")
 	ErrExpired = errors.New("the one-time token has expired: a key is kept only a limited time after berth stores it; start a new build")
 	ErrEnded   = errors.New("the task this one-time token was issued to has ended or no longer holds its build host, so its key was withdrawn; start a new build")
+	// ErrBusy: the index could not tell and its budget of apiserver reads is spent; nothing
+	// was decided about the token.
+	ErrBusy = errors.New("the key server is catching up with the keys it keeps and cannot check this token right now; try again after the time Retry-After says")
 )
 
 // endedError is ErrEnded with what ended, for the log.
@@ -83,6 +86,9 @@ type Store struct {
 	TTL time.Duration
 	// Now is the clock (time.Now when nil); tests move it.
 	Now func() time.Time
+	// Index, if set, knows the names of the kept keys: Redeem refuses a token whose name it
+	// does not know without asking the apiserver, and Put tells it of a new key at once.
+	Index *Index
 }
 
 func (s *Store) now() time.Time {
@@ -125,6 +131,9 @@ func (s *Store) Put(ctx context.Context, key []byte, bound *Binding, storedBy st
 	secret.Data = map[string][]byte{sealedKey: tok.Seal(key, sealContext(secret))}
 	if err := s.Client.Create(ctx, secret); err != nil {
 		return otp.Token{}, fmt.Errorf("keeping a one-time key in namespace %s: %w", s.Namespace, err)
+	}
+	if s.Index != nil {
+		s.Index.Add(secret.Name)
 	}
 	via := "controller"
 	if bound == nil {
@@ -178,15 +187,32 @@ type Redemption struct {
 // Redeem hands out the key kept under the token text, once: of any number of redemptions of
 // one token, only the one whose delete of the key's Secret succeeds gets the key. A token that
 // expired, or whose task ended, fails and its key is deleted. Errors other than ErrUnknown,
-// ErrExpired, ErrEnded and otp.ErrMalformed are the apiserver's; the key is then still kept.
+// ErrExpired, ErrEnded, ErrBusy and otp.ErrMalformed are the apiserver's; the key is then
+// still kept. With an Index, a token whose name it does not know costs no apiserver request.
 func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	tok, err := otp.ParseToken(text)
 	if err != nil {
 		return Redemption{}, err
 	}
+	if s.Index != nil {
+		switch s.Index.Knows(tok.Name()) {
+		case Unknown:
+			return Redemption{}, ErrUnknown
+		case Unsure:
+			switch {
+			case s.Index.awaitCurrent(ctx):
+				if s.Index.Knows(tok.Name()) != Known {
+					return Redemption{}, ErrUnknown
+				}
+			case !s.Index.mayRead():
+				return Redemption{}, ErrBusy
+			}
+		}
+	}
 	var secret corev1.Secret
 	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: tok.Name()}, &secret); {
 	case apierrors.IsNotFound(err):
+		s.forget(tok.Name())
 		return Redemption{}, ErrUnknown
 	case err != nil:
 		return Redemption{}, fmt.Errorf("reading the one-time key: %w", err)
@@ -213,6 +239,7 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	case err != nil:
 		return done, fmt.Errorf("claiming the one-time key: %w", err)
 	}
+	s.forget(secret.Name)
 	done.Key = key
 	return done, nil
 }
@@ -272,7 +299,18 @@ func (s *Store) withdraw(ctx context.Context, secret *corev1.Secret) error {
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("deleting a one-time key that can no longer be redeemed: %w", err)
 	}
+	if !apierrors.IsConflict(err) {
+		s.forget(secret.Name)
+	}
 	return nil
+}
+
+// forget drops a key that is gone from the index at once; its watch says so too, a moment
+// later.
+func (s *Store) forget(name string) {
+	if s.Index != nil {
+		s.Index.Forget(name)
+	}
 }
 
 // Revoke deletes every key kept for the record: its task ended, its secret was tampered with,

@@ -15,27 +15,33 @@ import (
 )
 
 // The bench counts which client wrote what, request by request: kube-apiserver's audit log
-// says so exactly, where its request counters only count. Only the bench turns it on.
+// says so exactly, where its request counters only count. Only the bench, and the security
+// suite (to show a request was never made), turn it on.
 
 // WithAuditLog has kube-apiserver write an audit log to path: one JSON line per completed
 // mutating request (create, update, patch, delete, deletecollection) at Metadata level (who,
 // verb, resource, namespace, name, status code, times; no bodies) of the given users, or of
 // every user when none is given. The policy file is written beside the log.
 func WithAuditLog(path string, users ...string) Option {
-	return func(o *options) { o.auditLog, o.auditUsers = path, users }
+	return WithAuditPolicy(path, auditv1.PolicyRule{Level: auditv1.LevelMetadata, Verbs: MutatingVerbs, Users: users})
+}
+
+// WithAuditPolicy has kube-apiserver write an audit log to path, one JSON line per completed
+// request that one of rules records (the first that matches decides, as in kube-apiserver);
+// nothing else is recorded. For a test that must show a request was never made: a rule at
+// Metadata level for reads names the object each read asked for.
+func WithAuditPolicy(path string, rules ...auditv1.PolicyRule) Option {
+	return func(o *options) { o.auditLog, o.auditRules = path, rules }
 }
 
 // MutatingVerbs are the verbs the audit log records.
 var MutatingVerbs = []string{"create", "update", "patch", "delete", "deletecollection"}
 
-func configureAudit(api *envtest.APIServer, path string, users []string) error {
+func configureAudit(api *envtest.APIServer, path string, rules []auditv1.PolicyRule) error {
 	policy := auditv1.Policy{
 		// One line per request, written when it is answered.
 		OmitStages: []auditv1.Stage{auditv1.StageRequestReceived},
-		Rules: []auditv1.PolicyRule{
-			{Level: auditv1.LevelMetadata, Verbs: MutatingVerbs, Users: users},
-			{Level: auditv1.LevelNone},
-		},
+		Rules:      append(append([]auditv1.PolicyRule{}, rules...), auditv1.PolicyRule{Level: auditv1.LevelNone}),
 	}
 	policy.APIVersion, policy.Kind = auditv1.SchemeGroupVersion.String(), "Policy"
 	data, err := yaml.Marshal(policy)

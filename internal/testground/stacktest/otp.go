@@ -27,12 +27,21 @@ func RestartController(t *testing.T, s *devstack.Stack, o controller.Options) {
 // OTPController returns its URL, as the tasks' secrets name it, and the CA.
 func OTPController(t *testing.T, s *devstack.Stack, o controller.Options) (url string, ca *tlscerts.CA) {
 	t.Helper()
+	return OTPControllerOn(t, s, o, "127.0.0.1")
+}
+
+// OTPControllerOn is OTPController with the key server listening on bindHost ("" for every
+// address of this machine) and its certificate good for the further addresses too, so that a
+// client in a test host's network namespace reaches it at this machine's end of the host's
+// link. The tasks' secrets still name 127.0.0.1, where the Tekton stand-in runs their steps.
+func OTPControllerOn(t *testing.T, s *devstack.Stack, o controller.Options, bindHost string, addresses ...string) (url string, ca *tlscerts.CA) {
+	t.Helper()
 	ca, err := tlscerts.NewCA("berth-otp-stack-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if _, err := ca.WriteDir(dir, "127.0.0.1"); err != nil {
+	if _, err := ca.WriteDir(dir, append([]string{"127.0.0.1"}, addresses...)...); err != nil {
 		t.Fatal(err)
 	}
 	// The URL goes into the secrets before the server listens: its port is chosen here.
@@ -42,8 +51,10 @@ func OTPController(t *testing.T, s *devstack.Stack, o controller.Options) (url s
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
 	withOTP := o
-	withOTP.OTP = controller.OTPOptions{ServerURL: "https://" + addr + "/otp", BindAddress: addr, CertDir: dir}
+	// The rest of o.OTP (the server's limits, say) is kept.
+	withOTP.OTP.ServerURL, withOTP.OTP.BindAddress, withOTP.OTP.CertDir = "https://"+addr+"/otp", net.JoinHostPort(bindHost, port), dir
 	RestartController(t, s, withOTP)
 	t.Cleanup(func() { RestartController(t, s, o) })
 	return withOTP.OTP.ServerURL, ca

@@ -1,0 +1,40 @@
+package controller
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// metricsOptions say how the manager serves /metrics. The metrics name every host, its slots
+// and quarantine and every platform's queue, which is no tenant's business, and any pod can reach
+// the port: so by default only a client whose bearer token the apiserver accepts (TokenReview)
+// and whom it allows `get` on the non-resource URL /metrics (SubjectAccessReview; the
+// ClusterRole berth-metrics-reader grants that) reads them, over TLS so that the token and the
+// figures are not readable on the wire.
+func metricsOptions(o Options) (metricsserver.Options, error) {
+	m := metricsserver.Options{BindAddress: o.MetricsAddress}
+	if !o.MetricsSecure || o.MetricsAddress == "0" {
+		return m, nil
+	}
+	if o.MetricsCertDir != "" {
+		for _, name := range []string{"tls.crt", "tls.key"} {
+			if _, err := os.Stat(filepath.Join(o.MetricsCertDir, name)); err != nil {
+				// controller-runtime would quietly serve a self-signed certificate instead, which
+				// a Prometheus that checks the CA then refuses, scrape after scrape.
+				return m, fmt.Errorf("the metrics' serving certificate: %w; mount its Secret (berth-metrics-tls, from config/certmanager) at --metrics-cert-dir, or leave the flag out for a self-signed certificate", err)
+			}
+		}
+	}
+	m.SecureServing = true
+	m.CertDir = o.MetricsCertDir
+	m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	// HTTP/1.1 only, as the webhook: HTTP/2's stream handling has been a denial-of-service
+	// target (CVE-2023-44487), and Prometheus scrapes over HTTP/1.1.
+	m.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	return m, nil
+}
