@@ -125,7 +125,7 @@ openssh-server.`,
 	cmd.Flags().IntVar(&opts.Hosts, "hosts", 2, "SSH hosts to start (0 for none: then no controller or samples either)")
 	cmd.Flags().StringVar(&opts.StateDir, "state-dir", ".berth/dev", "where the kubeconfig, host admin key, known_hosts and logs are written")
 	cmd.Flags().BoolVar(&once, "once", false, "exit once the sample TaskRuns have finished, printing a one-line summary")
-	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics; 0 disables them")
+	cmd.Flags().StringVar(&metrics, "metrics-bind-address", "127.0.0.1:8080", "where the controller serves its metrics (HTTPS, to a bearer token allowed get on /metrics: the stack writes one to <state-dir>/metrics.token); 0 disables them")
 	cmd.Flags().StringArrayVar(&apply, "apply", nil, "a YAML file of objects to create once the stack is up, as kubectl apply -f would (repeatable)")
 	cmd.Flags().StringVar(&berthBinary, "berth-binary", "", "the production berth binary that steps of berth's image run (default: the berth next to berth-dev, bin/berth)")
 	return cmd
@@ -209,7 +209,14 @@ func runBerth(ctx context.Context, stack *devstack.Stack, metrics string, once b
 	stack.Describe(con)
 	served := "no metrics (--metrics-bind-address 0)"
 	if metrics != "0" {
-		served = "metrics at http://" + metrics + "/metrics"
+		// As in a cluster, the metrics want a token allowed get on /metrics; the stack's scraper
+		// has one, written where a person can pass it to curl.
+		token, err := stack.WriteMetricsScraperToken(ctx)
+		if err != nil {
+			return err
+		}
+		url := "https://" + metrics + "/metrics"
+		served = fmt.Sprintf("metrics at %s, to a token allowed to read them (self-signed certificate): curl -k -H \"Authorization: Bearer $(cat %s)\" %s", url, token, url)
 	}
 	con.Printf("  berth          controller as ServiceAccount %s/%s; %s", devstack.Namespace, devstack.ControllerServiceAccount, served)
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -184,6 +186,13 @@ func TestControllerHasExactlyItsPermissions(t *testing.T) {
 	allowed(t, "create a ConfigMap in its namespace (known hosts, switch-over marker)", func() error {
 		return c.Create(ctx, configMap(namespace, "controller-check"))
 	})
+	allowed(t, "create a TokenReview (who scrapes its metrics)", func() error {
+		return c.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: "controller-check"}})
+	})
+	allowed(t, "create a SubjectAccessReview (may they get /metrics)", func() error {
+		return c.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "controller-check",
+			NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"}}})
+	})
 	denied(t, "list Pods in its namespace", func() error { return c.List(ctx, &corev1.PodList{}, client.InNamespace(namespace)) })
 	denied(t, "list Pods in all namespaces", func() error { return c.List(ctx, &corev1.PodList{}) })
 	denied(t, "create a Lease in a user namespace", func() error {
@@ -217,6 +226,9 @@ func TestHostTasksHaveExactlyTheirPermissions(t *testing.T) {
 	denied(t, "list Secrets in all namespaces", func() error { return c.List(ctx, &corev1.SecretList{}) })
 	denied(t, "delete a Secret", func() error { return c.Delete(ctx, secret(userNamespace, "any")) })
 	denied(t, "list TaskRuns", func() error { return c.List(ctx, &pipelinev1.TaskRunList{}, client.InNamespace(userNamespace)) })
+	denied(t, "create a TokenReview", func() error {
+		return c.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: "host-tasks-check"}})
+	})
 	denied(t, "create a ConfigMap in a user namespace", func() error {
 		return c.Create(ctx, configMap(userNamespace, "host-tasks-check"))
 	})
