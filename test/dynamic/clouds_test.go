@@ -57,8 +57,10 @@ func TestConfigChangeReachesOldVMs(t *testing.T) {
 	noDoubleLaunch(t)
 }
 
-// A cloud credential Secret without one of its keys gives the task an error secret naming
-// the Secret and the key, at once, and launches nothing.
+// A cloud credential Secret without one of its keys gives the task an error secret at once,
+// saying the credentials were refused and giving a reference, and launches nothing; the
+// operator's Event under that reference names the Secret and the key (the tenant's secret
+// does not: what is in berth's namespace is berth's business).
 func TestMissingCredentialKeyIsNamed(t *testing.T) {
 	ns := namespace(t)
 	const platform, secretName = "linux/arm64", "aws-half-credentials"
@@ -75,8 +77,12 @@ func TestMissingCredentialKeyIsNamed(t *testing.T) {
 	launched := cloud().LaunchCount()
 	tr := task(t, ns, "half", platform)
 	msg := string(stacktest.SecretOf(t, c(), tr).Data["error"])
-	if !strings.Contains(msg, secretName) || !strings.Contains(msg, "secret-access-key") {
-		t.Fatalf("want an error secret naming Secret %s and key secret-access-key, got %q", secretName, msg)
+	ref := refPattern.FindString(msg)
+	if !strings.Contains(msg, "authentication failed") || ref == "" {
+		t.Fatalf("want an error secret saying the credentials failed, with a reference; got %q", msg)
+	}
+	if note := eventNote(t, devstack.Namespace, "LaunchFailed", ref); !strings.Contains(note, secretName) || !strings.Contains(note, "secret-access-key") {
+		t.Errorf("the operator's Event under %s does not name Secret %s and key secret-access-key: %s", ref, secretName, note)
 	}
 	if n := cloud().LaunchCount() - launched; n != 0 {
 		t.Fatalf("%d instances launched without credentials", n)

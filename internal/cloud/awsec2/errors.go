@@ -175,7 +175,9 @@ func (p *Provider) failure(op string, err error) error {
 		status = re.HTTPStatusCode()
 	}
 	kind := kindOfCode(ae.ErrorCode(), status)
-	msg := fmt.Sprintf("platform %s: EC2 answered %s: %s", p.platform, ae.ErrorCode(), ae.ErrorMessage())
+	// The hint goes before EC2's message, which can run past what an Event holds (an
+	// UnauthorizedOperation's encoded authorization message is a kilobyte or more).
+	msg := fmt.Sprintf("platform %s: EC2 answered %s", p.platform, ae.ErrorCode())
 	switch kind {
 	case cloud.Auth:
 		msg += fmt.Sprintf(" (the AWS key is in Secret %s, keys %s and %s)", p.settings.secret, accessKeyIDKey, secretAccessKeyKey)
@@ -184,6 +186,7 @@ func (p *Provider) failure(op string, err error) error {
 			msg += " (check " + h + ")"
 		}
 	}
+	msg += ": " + ae.ErrorMessage()
 	return &cloud.Error{Kind: kind, Op: op, Err: errors.New(msg)}
 }
 

@@ -3,6 +3,7 @@ package taskrun_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
@@ -135,7 +137,9 @@ func TestWaitTimeoutEndsInAnErrorSecret(t *testing.T) {
 }
 
 // TestChangedHostKeyIsReportedOnTheTask: a host that presents another key than the one pinned
-// is refused, and the task's owner sees why on the TaskRun.
+// is refused, and the task's owner sees why on the TaskRun: the kind of failure and a
+// reference, under which the operator finds the fingerprints and the address on berth's
+// record of the task.
 func TestChangedHostKeyIsReportedOnTheTask(t *testing.T) {
 	hosts := hostsByName()
 	only, impostor := hosts[0], hosts[1]
@@ -157,6 +161,7 @@ func TestChangedHostKeyIsReportedOnTheTask(t *testing.T) {
 	if msg := string(secretOf(t, tr).Data["error"]); !strings.Contains(msg, "could be provisioned") {
 		t.Fatalf("error %q", msg)
 	}
+	var note string
 	eventually(t, "a HostKeyChanged Event on the TaskRun names the host", func() (bool, error) {
 		var events eventsv1.EventList
 		if err := c().List(context.Background(), &events, client.InNamespace(ns)); err != nil {
@@ -164,7 +169,27 @@ func TestChangedHostKeyIsReportedOnTheTask(t *testing.T) {
 		}
 		for _, e := range events.Items {
 			if e.Reason == "HostKeyChanged" && e.Regarding.Name == tr.Name && strings.Contains(e.Note, only.Name) {
+				note = e.Note
 				return true, nil
+			}
+		}
+		return false, nil
+	})
+	ref := regexp.MustCompile(`ref-[0-9a-f]{10}`).FindString(note)
+	if ref == "" || !strings.Contains(note, "host key") {
+		t.Errorf("the tenant's Event gives no kind of failure and reference: %s", note)
+	}
+	if strings.Contains(note, "SHA256:") || strings.Contains(note, only.Address) {
+		t.Errorf("the tenant's Event carries a fingerprint or the host's address: %s", note)
+	}
+	eventually(t, "the operator's Event under "+ref+" has the fingerprints and the address", func() (bool, error) {
+		var events eventsv1.EventList
+		if err := c().List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "HostKeyChanged" && strings.Contains(e.Note, ref) {
+				return strings.Contains(e.Note, "SHA256:") && strings.Contains(e.Note, only.Address), nil
 			}
 		}
 		return false, nil

@@ -9,6 +9,7 @@ package vms
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/warning"
 )
 
@@ -76,11 +78,13 @@ type Fleet struct {
 	installation string
 }
 
-// trouble is a platform's launch failing.
+// trouble is a platform's launch failing. Its ref stays the same from the first failure
+// until a launch succeeds or the config changes: the tenants of the platform quote it, and
+// every operator-side Event and log line of the run carries it with the cloud's answer.
 type trouble struct {
-	kind    cloud.Kind
-	message string
-	since   time.Time
+	kind  cloud.Kind
+	ref   incident.Ref
+	since time.Time
 }
 
 func (f *Fleet) now() time.Time {
@@ -139,9 +143,12 @@ func (f *Fleet) Unservable(platform string, waited time.Duration) (reason, messa
 	if !ok {
 		return "", "", 0
 	}
+	// The cloud's own answer is not repeated here: it names the account, the principal and
+	// the policy, and this text goes to tenants (see package incident).
+	what, next := incident.Cloud(t.kind)
 	if t.kind.Permanent() {
-		return "CloudRefused", fmt.Sprintf("berth cannot launch VMs for platform %s: the cloud answered %s (%s). Ask the platform team to fix the platform's settings or credentials in berth's host configuration.",
-			platform, t.kind, t.message), 0
+		return "CloudRefused", fmt.Sprintf("berth cannot launch VMs for platform %s: %s. %s; %s.",
+			platform, what, upperFirst(next), t.ref.Where(f.Namespace)), 0
 	}
 	d := f.dynamic(config.Platform(platform))
 	if d == nil {
@@ -150,8 +157,15 @@ func (f *Fleet) Unservable(platform string, waited time.Duration) (reason, messa
 	if left := d.AllocationTimeout - waited; left > 0 {
 		return "", "", left
 	}
-	return "NoCapacity", fmt.Sprintf("no VM for platform %s could be launched within its allocation timeout (%s): the cloud answered %s since %s (%s). Retry later, or ask the platform team for another instance type or region.",
-		platform, d.AllocationTimeout, t.kind, t.since.UTC().Format(time.RFC3339), t.message), 0
+	return "NoCapacity", fmt.Sprintf("no VM for platform %s could be launched within its allocation timeout (%s): since %s, %s. %s; if it keeps happening, %s.",
+		platform, d.AllocationTimeout, t.since.UTC().Format(time.RFC3339), what, upperFirst(next), t.ref.Where(f.Namespace)), 0
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 func (f *Fleet) dynamic(p config.Platform) *config.DynamicPlatform {
@@ -162,18 +176,20 @@ func (f *Fleet) dynamic(p config.Platform) *config.DynamicPlatform {
 }
 
 // noteTrouble remembers a failed launch; waiters of the platform are told, so that they can
-// fail when the failure is for good.
-func (f *Fleet) noteTrouble(platform string, err error) {
+// fail when the failure is for good. It returns the reference of the run of failures, for the
+// caller's operator-side Event or log line that carries err itself.
+func (f *Fleet) noteTrouble(platform string, err error) incident.Ref {
 	f.mu.Lock()
 	t, had := f.trouble[platform]
 	if !had {
-		t.since = f.now()
+		t.since, t.ref = f.now(), incident.NewRef()
 	}
-	t.kind, t.message = cloud.KindOf(err), err.Error()
+	t.kind = cloud.KindOf(err)
 	f.trouble[platform] = t
 	f.mu.Unlock()
 	launches.WithLabelValues(platform, t.kind.String()).Inc()
 	f.Tasks.Wake(f.Ledger.Waiters(platform))
+	return t.ref
 }
 
 func (f *Fleet) clearTrouble(platform string) {
@@ -264,7 +280,7 @@ func (f *Fleet) Released(ctx context.Context, host string) error {
 // event tells the operator of a VM's step: an Event on its BuildHost and a log line with the
 // VM, its platform and instance (a warning line for a Warning; see package warning).
 func (f *Fleet) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {
-	f.Recorder.Eventf(rec, nil, eventType, reason, reason, format, args...)
+	f.Recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	log := vmLog.WithValues("host", rec.Name, "platform", rec.Status.Platform, "reason", reason)
 	if st := rec.Status.Instance; st != nil && st.ID != "" {
 		log = log.WithValues("instance", st.ID)

@@ -3,6 +3,7 @@ package vms
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/fleet"
+	"github.com/berth-ci/berth/internal/warning"
 )
 
 // NeedLeaderElection: one planner per cluster, or two would launch for the same queue.
@@ -235,7 +237,9 @@ func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
 	}
 	p, err := f.provider(string(d.Platform))
 	if err != nil {
-		f.noteTrouble(string(d.Platform), err)
+		// No record to put an Event on: the log line is where the operator finds ref.
+		ref := f.noteTrouble(string(d.Platform), err)
+		warning.Log(vmLog, fmt.Sprintf("cannot launch VMs for platform %s (%s): %v", d.Platform, ref, err), "platform", d.Platform, "ref", ref)
 		return nil
 	}
 	label := d.Platform.Label()

@@ -12,6 +12,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/incident"
 )
 
 // maxLaunchAttempts bounds relaunches of one record after its instance was lost.
@@ -94,13 +95,16 @@ func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.R
 // good (bad settings or credentials). Waiting tasks learn either way (see Unservable).
 func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
 	in := rec.Spec.Instance
+	// The tenants waiting on the platform learn only the kind of failure and ref; cause,
+	// with the cloud's own answer, goes to this record's Events and the log under ref.
+	ref := incident.NewRef()
 	if d := f.dynamic(config.Platform(in.Platform)); d != nil && !outdated(in, d) {
 		// A launch with settings the platform no longer has says nothing about the new ones.
-		f.noteTrouble(in.Platform, cause)
+		ref = f.noteTrouble(in.Platform, cause)
 	}
 	_, limit, _ := f.timing(in.Platform)
 	if cloud.KindOf(cause).Permanent() || f.now().Sub(rec.CreationTimestamp.Time) > limit {
-		f.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s: %v", in.Platform, cause)
+		f.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s (%s): %v", in.Platform, ref, cause)
 		// A transient failure may still have made an instance under the token: the sweeper
 		// terminates it once it finds no record for it.
 		return reconcile.Result{}, f.deleteRecord(ctx, rec)
@@ -112,7 +116,7 @@ func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause 
 		return reconcile.Result{}, err
 	}
 	retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(cause))
-	f.warn(next, "LaunchRetry", "launching a VM for platform %s failed (%s); retrying in %s", in.Platform, cause, retry)
+	f.warn(next, "LaunchRetry", "launching a VM for platform %s failed (%s: %s); retrying in %s", in.Platform, ref, cause, retry)
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 

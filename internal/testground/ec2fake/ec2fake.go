@@ -12,8 +12,8 @@
 // It keeps EC2's view of instances (ids, reservations, client tokens, addresses, tags) and
 // leaves the machines to a *vmcloud.Cloud: a new RunInstances launches one there, and the
 // cloud's faults (no capacity, quota, slow or failed boots) show through as EC2 would show
-// them. Its own faults are the API's: 5xx answers, throttling, revoked keys and instances
-// terminated from the console.
+// them. Its own faults are the API's: 5xx answers, throttling, revoked keys, actions IAM
+// denies (UnauthorizedOperation) and instances terminated from the console.
 //
 // Where it is simpler than EC2: one instance per RunInstances (MaxCount 1), no
 // eventual consistency, instance types, security groups and profiles are taken as given,
@@ -24,6 +24,7 @@ package ec2fake
 
 import (
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/xml"
 	"errors"
@@ -130,6 +131,8 @@ type Server struct {
 	// The next failNext calls answer failWith.
 	failNext int
 	failWith *apiError
+	// denied are the actions IAM refuses, by action, with the principal refused.
+	denied map[string]string
 	// Instances younger than hideNew are not described yet (EC2's eventual consistency).
 	hideNew time.Duration
 	// privateIPs counts the unreachable private addresses given to public instances.
@@ -254,6 +257,47 @@ func (s *Server) failCalls(n int, e *apiError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failNext, s.failWith = n, e
+}
+
+// Deny makes every call of action (RunInstances, say) answer UnauthorizedOperation (403)
+// until Allow, as EC2 does when the IAM policies of the key's principal do not allow it. The
+// message is EC2's: it names the principal's ARN, and so its account id, and ends with an
+// encoded authorization failure message (random here; EC2's decodes with sts
+// DecodeAuthorizationMessage). Calls are refused after their signature is checked, as EC2
+// authorises only a caller it has authenticated.
+func (s *Server) Deny(action, principalARN string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.denied == nil {
+		s.denied = map[string]string{}
+	}
+	s.denied[action] = principalARN
+}
+
+// Allow lifts a Deny of action.
+func (s *Server) Allow(action string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.denied, action)
+}
+
+// unauthorized is EC2's refusal of a call its caller's policies do not allow.
+func (s *Server) unauthorized(action, principalARN string) *apiError {
+	account := ownerID
+	if parts := strings.Split(principalARN, ":"); len(parts) > 4 && parts[4] != "" {
+		account = parts[4]
+	}
+	return errorf(http.StatusForbidden, "UnauthorizedOperation",
+		"You are not authorized to perform this operation. User: %s is not authorized to perform: ec2:%s on resource: arn:aws:ec2:%s:%s:instance/* because no identity-based policy allows the ec2:%s action. Encoded authorization failure message: %s",
+		principalARN, action, s.opts.Region, account, action, encodedAuthorizationMessage())
+}
+
+// encodedAuthorizationMessage stands in for the opaque blob EC2 appends: letters, digits, '-'
+// and '_', about 1,200 characters, so that the whole message is longer than an Event's note.
+func encodedAuthorizationMessage() string {
+	b := make([]byte, 900)
+	rand.Read(b)
+	return strings.NewReplacer("+", "-", "/", "_", "=", "").Replace(base64.StdEncoding.EncodeToString(b))
 }
 
 // InsufficientCapacity makes the next n launches of new instances fail with
@@ -493,6 +537,10 @@ func (s *Server) authenticate(r *http.Request, body []byte) *apiError {
 
 func (s *Server) call(action string, p url.Values) (any, *apiError) {
 	s.mu.Lock()
+	if principal, denied := s.denied[action]; denied {
+		s.mu.Unlock()
+		return nil, s.unauthorized(action, principal)
+	}
 	if s.failNext > 0 {
 		s.failNext--
 		e := s.failWith

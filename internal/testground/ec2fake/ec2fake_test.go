@@ -237,3 +237,44 @@ func TestClientTokenAndPages(t *testing.T) {
 		}
 	}
 }
+
+// An action IAM does not allow is refused as EC2 refuses it: 403, UnauthorizedOperation in
+// EC2's envelope, a message naming the principal (and so the account) with an encoded
+// authorization failure message, while other actions still answer.
+func TestDenyAnswersUnauthorizedOperation(t *testing.T) {
+	srv := start(t)
+	const principal = "arn:aws:iam::210987654321:user/berth-launcher"
+	srv.Deny("RunInstances", principal)
+	if status, code := post(t, srv, launchForm(""), secret, false); status != http.StatusForbidden || code != "UnauthorizedOperation" {
+		t.Fatalf("a denied RunInstances: %d %s, want 403 UnauthorizedOperation", status, code)
+	}
+	c := client(srv, keyID, secret, "us-east-1")
+	_, err := c.RunInstances(t.Context(), &ec2.RunInstancesInput{ImageId: aws.String("ami-0123456789abcdef0"), MinCount: aws.Int32(1), MaxCount: aws.Int32(1), KeyName: aws.String("k")})
+	var ae smithy.APIError
+	if !errors.As(err, &ae) || ae.ErrorCode() != "UnauthorizedOperation" {
+		t.Fatalf("the SDK read %v, want UnauthorizedOperation", err)
+	}
+	for _, want := range []string{"You are not authorized to perform this operation.", "User: " + principal, "ec2:RunInstances",
+		"arn:aws:ec2:us-east-1:210987654321:instance/*", "Encoded authorization failure message: "} {
+		if !strings.Contains(ae.ErrorMessage(), want) {
+			t.Errorf("the message does not say %q: %s", want, ae.ErrorMessage())
+		}
+	}
+	if _, err := c.DescribeInstances(t.Context(), &ec2.DescribeInstancesInput{}); err != nil {
+		t.Errorf("DescribeInstances, which is not denied: %v", err)
+	}
+	if calls := srv.Calls("RunInstances"); len(calls) != 2 || calls[1].Error != "UnauthorizedOperation" {
+		t.Errorf("calls %+v, want two refused RunInstances", calls)
+	}
+	if n := srv.Machines().LaunchCount(); n != 0 {
+		t.Errorf("LaunchCount %d while RunInstances is denied", n)
+	}
+	srv.Allow("RunInstances")
+	out, err := c.RunInstances(t.Context(), &ec2.RunInstancesInput{ImageId: aws.String("ami-0123456789abcdef0"), MinCount: aws.Int32(1), MaxCount: aws.Int32(1), KeyName: aws.String("k")})
+	if err != nil {
+		t.Fatalf("RunInstances once allowed: %v", err)
+	}
+	if err := srv.TerminateFromConsole(*out.Instances[0].InstanceId); err != nil {
+		t.Fatal(err)
+	}
+}
