@@ -85,8 +85,25 @@ type BuildHostStatus struct {
 	LastCheck        *metav1.Time `json:"lastCheck,omitempty"`
 	// PendingCleans counts build users still to be removed from the host.
 	PendingCleans int `json:"pendingCleans,omitempty"`
+	// Leftovers are build users whose clean fails on what they left on the host (a process
+	// that would not die, a path that would not go). Each keeps only its own slot, owed and
+	// counted against its namespace, while its clean is retried; they never quarantine the
+	// host. An entry goes once its user is removed, or forgotten with the host.
+	Leftovers []Leftover `json:"leftovers,omitempty"`
 	// Instance is set on a VM's record.
 	Instance *InstanceStatus `json:"instance,omitempty"`
+}
+
+// Leftover is a build user whose clean fails on what it left.
+type Leftover struct {
+	BuildUser string `json:"buildUser"`
+	// TaskRun is the namespace/name of the task the user served.
+	TaskRun string `json:"taskRun"`
+	// What is what the clean could not remove, as the host reported it.
+	What string `json:"what"`
+	// Failures counts the failed cleans in a row.
+	Failures    int         `json:"failures"`
+	LastFailure metav1.Time `json:"lastFailure"`
 }
 
 // BuildHost records a static host, or a VM berth launched, that berth serves from.

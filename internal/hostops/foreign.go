@@ -111,8 +111,11 @@ func createWindowsUser(ctx context.Context, t remote.Target, u NewUser) (string,
 	if err != nil {
 		return "", err
 	}
+	// The key comes on stdin: no key, not even a public one, is on a command line, where
+	// anyone on the host may read it. -EncodedCommand leaves stdin to the script.
 	script := windowsPrelude + fmt.Sprintf(`$u = %s
-$key = %s
+$key = [Console]::In.ReadToEnd().Trim()
+if ($key -notmatch '^[A-Za-z0-9@.-]+ [A-Za-z0-9+/=]+( [ -~]*)?$') { [Console]::Error.WriteLine("no authorized_keys line on stdin"); exit 2 }
 $owner = %s
 if (Get-LocalUser -Name $u -ErrorAction SilentlyContinue) { [Console]::Error.WriteLine("build user $u exists already; berth never reuses a build user"); exit 17 }
 $build = Join-Path $env:SystemDrive "berth\$u"
@@ -135,8 +138,8 @@ New-Item -ItemType Directory -Path $build | Out-Null
 & icacls.exe $build /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)F') | Out-Null
 if ($LASTEXITCODE -ne 0) { throw "icacls on $build failed" }
 Write-Output $build
-`, psQuote(u.Name), psQuote(strings.TrimSpace(string(authorized))), psQuote(u.Owner), windowsKeyDir, psQuote(windowsSSHDLine), windowsSSHDLine)
-	out, err := run(ctx, t, "creating build user "+u.Name, powershell(script), nil)
+`, psQuote(u.Name), psQuote(u.Owner), windowsKeyDir, psQuote(windowsSSHDLine), windowsSSHDLine)
+	out, err := run(ctx, t, "creating build user "+u.Name, powershell(script), authorized)
 	if err != nil {
 		return "", userExists(t, u.Name, err)
 	}
@@ -206,10 +209,30 @@ if dscl . -read "/Users/$user" >/dev/null 2>&1 || [ -e "$home" ] || [ -L "$home"
 	exit 17
 fi
 ` + sudoRuleChecked + `
-sysadminctl -addUser "$user" -fullName "berth build user" -home "$home" -shell /bin/zsh -password "$(openssl rand -hex 24)" >&2
-dseditgroup -o edit -a "$user" -t user com.apple.access_ssh >/dev/null 2>&1 || true
-[ -d "$home" ] || mkdir -m 700 "$home"
-chmod 700 "$home"
+# The UID is one past the highest in use, picked and taken under a lock (shlock frees one left
+# by a process that died), so two creations at once never share one.
+lock=/var/run/berth-users.lock
+until shlock -f "$lock" -p $$; do sleep 0.2; done
+trap 'rm -f "$lock"' EXIT
+uid=$(dscl . -list /Users UniqueID | awk '$2 > max { max = $2 } END { print (max < 600 ? 600 : max + 1) }')
+# No password at all, so none is on any command line: the crypt field "*" matches no password,
+# and with no authentication authority there is no shadow hash to check one against, so
+# every password login is refused; sshd's key login checks only authorized_keys.
+dscl . -create "/Users/$user"
+dscl . -create "/Users/$user" UniqueID "$uid"
+dscl . -create "/Users/$user" PrimaryGroupID 20
+dscl . -create "/Users/$user" UserShell /bin/zsh
+dscl . -create "/Users/$user" NFSHomeDirectory "$home"
+dscl . -create "/Users/$user" RealName "berth build user"
+dscl . -create "/Users/$user" Password '*'
+rm -f "$lock"
+trap - EXIT
+# Remote Login limited to chosen users is the group com.apple.access_ssh, which sshd checks
+# (absent when every user may log in): only then must the user join it to log in with its key.
+if dscl . -read /Groups/com.apple.access_ssh >/dev/null 2>&1; then
+	dseditgroup -o edit -a "$user" -t user com.apple.access_ssh
+fi
+mkdir -m 700 "$home"
 mkdir -m 700 "$home/.ssh" "$home/build"
 cat > "$home/.ssh/authorized_keys"
 chmod 600 "$home/.ssh/authorized_keys"
@@ -227,8 +250,11 @@ case "$user" in u-*) ;; *) echo "refusing to remove $user: not a berth build use
 rm -f "/etc/sudoers.d/berth-$user" "/etc/sudoers.d/.berth-$user.new"
 i=0
 while pkill -KILL -u "$user" 2>/dev/null && [ $i -lt 50 ]; do i=$((i+1)); sleep 0.1; done
+if dscl . -read /Groups/com.apple.access_ssh >/dev/null 2>&1; then
+	dseditgroup -o edit -d "$user" -t user com.apple.access_ssh >/dev/null 2>&1 || true
+fi
 if dscl . -read "/Users/$user" >/dev/null 2>&1; then
-	sysadminctl -deleteUser "$user" >&2 || { echo "could not remove user $user" >&2; exit 1; }
+	dscl . -delete "/Users/$user" >&2 || { echo "could not remove user $user" >&2; exit 1; }
 fi
 rm -rf -- "/Users/$user"
 rm -f "/var/db/berth/users/$user"

@@ -74,8 +74,8 @@ func TestWindowsUserIsCreatedWithItsKeyWhereOnlyAdminsWrite(t *testing.T) {
 		t.Fatalf("build dir %q", dir)
 	}
 	cmds := host.Commands()
-	if len(cmds) != 1 || len(cmds[0].Stdin) != 0 {
-		t.Fatalf("want one command with nothing on stdin, got %d", len(cmds))
+	if len(cmds) != 1 || string(cmds[0].Stdin) != string(k.authorized) {
+		t.Fatalf("want one command with the public key on stdin, got %d", len(cmds))
 	}
 	// cmd.exe, the default shell of OpenSSH for Windows, refuses lines over 8191 characters.
 	if n := len(cmds[0].Line); n > 8191 {
@@ -84,7 +84,7 @@ func TestWindowsUserIsCreatedWithItsKeyWhereOnlyAdminsWrite(t *testing.T) {
 	script := decodePowerShell(t, cmds[0].Line)
 	for _, want := range []string{
 		"$u = '" + user + "'",
-		"$key = '" + strings.TrimSpace(string(k.authorized)) + "'",
+		"$key = [Console]::In.ReadToEnd().Trim()",
 		"$owner = 'team/it''s x'", // a quote is doubled: it cannot end the literal
 		"Get-LocalUser -Name $u", "exit 17",
 		`$env:ProgramData\ssh\berth`, "AuthorizedKeysFile __PROGRAMDATA__/ssh/berth/%u/authorized_keys",
@@ -183,7 +183,7 @@ func TestWindowsHostCheck(t *testing.T) {
 func TestMacOSUserIsCreatedAndRemovedWithItsOwnTools(t *testing.T) {
 	user := UserName("4f9c6e2a-7d1b-4a5c-9e0f-6b8d2c5a1e34", 1)
 	host, target := fakeHost(t, "admin", func(c sshfake.Command) sshfake.Reply {
-		if strings.Contains(c.Line, "sysadminctl -addUser") {
+		if strings.Contains(c.Line, "NFSHomeDirectory") {
 			return sshfake.Reply{Stdout: "/Users/" + user + "\n"}
 		}
 		return sshfake.Reply{}
@@ -217,7 +217,7 @@ func TestMacOSUserIsCreatedAndRemovedWithItsOwnTools(t *testing.T) {
 			t.Errorf("the create script lacks %q", want)
 		}
 	}
-	if !strings.Contains(remove.Line, "sysadminctl -deleteUser") || !strings.HasSuffix(remove.Line, " berth "+user) {
+	if !strings.Contains(remove.Line, `dscl . -delete "/Users/$user"`) || !strings.HasSuffix(remove.Line, " berth "+user) {
 		t.Errorf("remove line %.200q", remove.Line)
 	}
 }

@@ -57,6 +57,17 @@ func NeverReached(err error) bool {
 	return errors.As(err, &unreachable) || IsHostKeyChanged(err)
 }
 
+// LoginError says a host answered but berth's login to it failed (its key refused, or no
+// algorithm in common): a fault of the host or of berth's config for it, never of a build user.
+type LoginError struct {
+	Host, User string
+	Err        error
+}
+
+func (e *LoginError) Error() string { return fmt.Sprintf("ssh %s@%s: %v", e.User, e.Host, e.Err) }
+
+func (e *LoginError) Unwrap() error { return e.Err }
+
 // Client is an SSH connection to one host.
 type Client struct {
 	conn   *ssh.Client
@@ -112,7 +123,7 @@ func Dial(ctx context.Context, t Target) (*Client, error) {
 		if errors.As(err, &netErr) && netErr.Timeout() || errors.Is(err, io.EOF) {
 			return nil, &UnreachableError{Host: t.Address, Err: err}
 		}
-		return nil, fmt.Errorf("ssh %s@%s: %w", t.User, t.Address, err)
+		return nil, &LoginError{Host: t.Address, User: t.User, Err: err}
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return &Client{conn: ssh.NewClient(sshConn, chans, reqs), target: t}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/warning"
 )
@@ -96,7 +98,7 @@ func (h *HostChecks) checkAll(ctx context.Context) error {
 }
 
 // recordHealth writes a check's outcome into the host's record and the ledger.
-func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string, owed []string) error {
+func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string, owed []owedClean) error {
 	bh, err := r.buildHost(ctx, host)
 	if err != nil {
 		return err
@@ -105,14 +107,26 @@ func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, 
 	next.Status.Platform, next.Status.Address = string(host.Platform), host.Address
 	next.Status.LastCheck = r.stamp()
 	next.Status.PendingCleans = len(owed)
+	// A user told as dirty and no longer owed was removed (or forgotten) since, perhaps by a
+	// controller that did not know it was told.
+	next.Status.Leftovers = slices.DeleteFunc(next.Status.Leftovers, func(l berthv1.Leftover) bool {
+		return !slices.ContainsFunc(owed, func(o owedClean) bool { return o.user == l.BuildUser })
+	})
+	// What a build user left keeps only that user's slot: it never keeps the host out of
+	// service (see cleanVerdicts).
+	dirty := r.cleans.dirty(host.Name)
+	for _, l := range next.Status.Leftovers {
+		dirty = append(dirty, l.BuildUser)
+	}
+	blocking := slices.DeleteFunc(slices.Clone(owed), func(o owedClean) bool { return slices.Contains(dirty, o.user) })
 	switch {
 	case !healthy:
 		next.Status.Quarantined, next.Status.QuarantineReason = true, reason
-	case len(owed) > 0 && bh.Status.Quarantined:
+	case len(blocking) > 0 && bh.Status.Quarantined:
 		// Reachable again: its dirty slots are cleaned before it takes new builds.
-		next.Status.QuarantineReason = fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(owed))
-		for _, key := range owed {
-			r.Notify(key)
+		next.Status.QuarantineReason = fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking))
+		for _, o := range owed {
+			r.Notify(o.key)
 		}
 	default:
 		next.Status.Quarantined, next.Status.QuarantineReason = false, ""
@@ -133,7 +147,7 @@ func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, 
 // hostEvent tells the operator of a change to a host: an Event on its BuildHost, and a log line
 // with the host and platform (a warning line for a Warning).
 func (r *Reconciler) hostEvent(ctx context.Context, bh *berthv1.BuildHost, eventType, reason, action, format string, args ...any) {
-	r.Recorder.Eventf(bh, nil, eventType, reason, action, format, args...)
+	r.Recorder.Eventf(bh, nil, eventType, reason, action, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	log := logf.FromContext(ctx).WithValues("host", bh.Host(), "platform", bh.Status.Platform, "reason", reason)
 	if eventType == corev1.EventTypeWarning {
 		warning.Log(log, fmt.Sprintf(format, args...))
@@ -142,7 +156,8 @@ func (r *Reconciler) hostEvent(ctx context.Context, bh *berthv1.BuildHost, event
 	log.Info(fmt.Sprintf(format, args...))
 }
 
-// quarantineForCleans takes a host out of service whose cleanups keep failing.
+// quarantineForCleans takes a host out of service whose cleanups keep failing in a way that
+// shows it broken (see cleanVerdicts.failed).
 func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why string) {
 	var bh berthv1.BuildHost
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(hostName)}, &bh); err != nil {
@@ -167,16 +182,20 @@ func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why stri
 	r.syncHost(&bh)
 }
 
-// owedByHost lists, per host, the TaskRun keys (namespace/name) of records owing it a cleanup.
-func (r *Reconciler) owedByHost(ctx context.Context) (map[string][]string, error) {
+// owedClean is a build user a record owes a host: the TaskRun key (namespace/name) of the
+// record, and the user.
+type owedClean struct{ key, user string }
+
+// owedByHost lists, per host, the build users records owe it.
+func (r *Reconciler) owedByHost(ctx context.Context) (map[string][]owedClean, error) {
 	var list berthv1.AllocationList
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return nil, err
 	}
-	owed := map[string][]string{}
+	owed := map[string][]owedClean{}
 	for _, rec := range list.Items {
 		for _, d := range rec.Status.Debts {
-			owed[d.Host] = append(owed[d.Host], rec.Spec.TaskRun.Key())
+			owed[d.Host] = append(owed[d.Host], owedClean{key: rec.Spec.TaskRun.Key(), user: d.BuildUser})
 		}
 	}
 	return owed, nil
@@ -240,6 +259,7 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 	}
 	next := bh.DeepCopy()
 	next.Spec.Forget, next.Spec.Drained, next.Status.PendingCleans = false, true, 0
+	next.Status.Leftovers = nil
 	if err := r.Client.Update(ctx, next); err != nil {
 		return err
 	}
@@ -250,6 +270,7 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 // ForgetHost drops every build user owed to the host and frees the slots they held: for a host
 // gone for good (forgotten by an operator, or a VM berth terminated).
 func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
+	r.cleans.forgetHost(host)
 	var list berthv1.AllocationList
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return err
