@@ -114,9 +114,9 @@ func TestBuildUserLogsInWithEveryKeyType(t *testing.T) {
 // 253-character TaskRun name and a UID.
 var longestOwner = strings.Repeat("n", 63) + "/" + strings.Repeat("t", 253) + " 5a0d7f3b-8e2c-4b6d-a0f1-7c9e3d6b2f45"
 
-// TestForeignHostsTakeEveryKeyType: the Windows script carries each key type's line whole and
-// stays within cmd.exe's 8191 characters with the longest owner (an RSA-3072 line is over 500
-// characters, and every one counts 8/3 times once encoded); macOS gets the line on stdin.
+// TestForeignHostsTakeEveryKeyType: each key type's line reaches Windows and macOS whole on
+// stdin, never on the command line, and the Windows command line stays within cmd.exe's 8191
+// characters with the longest owner.
 func TestForeignHostsTakeEveryKeyType(t *testing.T) {
 	for _, kt := range config.KeyTypes {
 		winUser := UserNameFor("windows/amd64", "5a0d7f3b-8e2c-4b6d-a0f1-7c9e3d6b2f45", 1)
@@ -133,8 +133,12 @@ func TestForeignHostsTakeEveryKeyType(t *testing.T) {
 		if len(line) > 8191 {
 			t.Errorf("%s on Windows: the command line is %d characters; cmd.exe takes at most 8191", kt, len(line))
 		}
-		if script := decodePowerShell(t, line); !strings.Contains(script, "$key = '"+strings.TrimSpace(string(k.authorized))+"'") {
-			t.Errorf("%s on Windows: the script does not carry the key line", kt)
+		key := strings.TrimSpace(string(k.authorized))
+		if got := win.Commands()[0].Stdin; strings.TrimSpace(string(got)) != key {
+			t.Errorf("%s on Windows: stdin %q, want the key line", kt, got)
+		}
+		if strings.Contains(decodePowerShell(t, line), key) {
+			t.Errorf("%s on Windows: the key line is on the command line", kt)
 		}
 
 		macUser := UserName("6b1e8a4c-9f3d-4c7e-b1a2-8d0f4e7c3a56", 1)

@@ -254,8 +254,8 @@ func TestManifestsAreAllFoundAndLabelled(t *testing.T) {
 	}
 	sort.Strings(got)
 	want := []string{
-		"ClusterRole/berth-controller",
-		"ClusterRoleBinding/berth-controller",
+		"ClusterRole/berth-controller", "ClusterRole/berth-metrics-auth", "ClusterRole/berth-metrics-reader",
+		"ClusterRoleBinding/berth-controller", "ClusterRoleBinding/berth-metrics-auth",
 		"Role/berth-controller", "Role/berth-host-tasks",
 		"RoleBinding/berth-controller", "RoleBinding/berth-host-tasks",
 		"ServiceAccount/berth-controller", "ServiceAccount/berth-host-tasks",
