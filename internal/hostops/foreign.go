@@ -212,7 +212,14 @@ fi
 # The UID is one past the highest in use, picked and taken under a lock (shlock frees one left
 # by a process that died), so two creations at once never share one.
 lock=/var/run/berth-users.lock
-until shlock -f "$lock" -p $$; do sleep 0.2; done
+command -v shlock >/dev/null 2>&1 || { echo "shlock not found: this host does not look like macOS" >&2; exit 3; }
+# Bounded: a lock held for a minute is a stuck host, not a busy one.
+tries=0
+until shlock -f "$lock" -p $$; do
+	tries=$((tries + 1))
+	[ $tries -lt 300 ] || { echo "could not take $lock within a minute" >&2; exit 3; }
+	sleep 0.2
+done
 trap 'rm -f "$lock"' EXIT
 uid=$(dscl . -list /Users UniqueID | awk '$2 > max { max = $2 } END { print (max < 600 ? 600 : max + 1) }')
 # No password at all, so none is on any command line: the crypt field "*" matches no password,
