@@ -60,13 +60,15 @@ func metadataPatch(before, after *metav1.ObjectMeta) []patchOp {
 	return ops
 }
 
-// mapPatch changes the keys of a string map that differ. A map that is not there yet is added
-// whole, after a test that it is still not there.
+// mapPatch changes the keys of a string map that differ. A map that is not there yet (nil) is
+// added whole, after a test that it is still not there. An empty map that is not nil is one
+// the cache cut down (stripTaskRun): the object has one, holding keys berth does not read, so
+// keys are added to it one by one.
 func mapPatch(path string, before, after map[string]string) []patchOp {
 	if maps.Equal(before, after) {
 		return nil
 	}
-	if len(before) == 0 {
+	if before == nil {
 		return []patchOp{testOp(path, orNil(before)), {Op: "add", Path: path, Value: after}}
 	}
 	var ops []patchOp

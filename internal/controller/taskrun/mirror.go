@@ -171,8 +171,10 @@ func (r *Reconciler) notePatched(tr *pipelinev1.TaskRun) {
 		r.patched.Delete(tr.UID)
 		return
 	}
-	r.patched.Store(tr.UID, patchedMeta{resourceVersion: rv, labels: maps.Clone(tr.Labels),
-		annotations: maps.Clone(tr.Annotations), finalizers: slices.Clone(tr.Finalizers)})
+	// The apiserver answers with the whole TaskRun: only what the cache would keep of it is
+	// kept (stripTaskRun), or a tenant's large annotations would stay here.
+	r.patched.Store(tr.UID, patchedMeta{resourceVersion: rv, labels: keepKeys(tr.Labels, taskRunLabelsRead),
+		annotations: keepKeys(tr.Annotations, taskRunAnnotationsRead), finalizers: slices.Clone(tr.Finalizers)})
 }
 
 // freshest is tr, or, while the cache has not caught up with berth's own last patch of it (the

@@ -29,6 +29,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/warning"
 )
@@ -58,9 +59,11 @@ type Reconciler struct {
 	// MirrorRevertInterval is the least time between two reverts of a tenant's edit of the
 	// mirrors on one TaskRun, so an edit loop cannot drive unbounded writes.
 	MirrorRevertInterval time.Duration
-	// QuarantineAfterCleanFailures quarantines a host once a clean failed that many times in
-	// a row; 0 never does.
+	// QuarantineAfterCleanFailures quarantines a host once cleans that show it broken (see
+	// cleanVerdicts.failed) failed that many times in a row; 0 never does.
 	QuarantineAfterCleanFailures int
+	// cleans judges failed cleans: a host's fault or one build user's (see cleanVerdicts).
+	cleans cleanVerdicts
 	// PositionInterval is the least time between two writes of a waiting TaskRun's place in
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
@@ -230,7 +233,7 @@ func (r *Reconciler) Notify(key string) {
 // and the operator the same in the log, with the TaskRun, its platform and the host ("" when
 // there is none yet). A Warning event is a warning line (see package warning).
 func (r *Reconciler) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
-	r.Recorder.Eventf(tr, nil, eventType, reason, reason, format, args...)
+	r.Recorder.Eventf(tr, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	logStep(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), host, eventType, reason, fmt.Sprintf(format, args...))
 }
 
@@ -244,7 +247,7 @@ func (r *Reconciler) step(ctx context.Context, taskRun, platform, host, reason, 
 // recordEvent is event for a step taken for a record (its TaskRun may be gone): the Event goes
 // on the record, in berth's namespace.
 func (r *Reconciler) recordEvent(ctx context.Context, rec *berthv1.Allocation, host, eventType, reason, format string, args ...any) {
-	r.Recorder.Eventf(rec, nil, eventType, reason, reason, format, args...)
+	r.Recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	logStep(ctx, rec.Spec.TaskRun.Key(), rec.Spec.Platform, host, eventType, reason, fmt.Sprintf(format, args...))
 }
 
@@ -262,7 +265,9 @@ func logStep(ctx context.Context, taskRun, platform, host, eventType, reason, me
 	log.Info(message, kv...)
 }
 
-// secretOf reads the task's secret from the cache (which holds only berth-labelled secrets).
+// secretOf reads the task's secret from the cache, which holds only berth-labelled secrets and
+// of each only what stripSecret keeps: no data but its digest (cachedDigest) and a well-formed
+// OTP token.
 func (r *Reconciler) secretOf(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
 	var s corev1.Secret
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: contract.SecretPrefix + name}, &s)

@@ -51,19 +51,26 @@ func seal(s *corev1.Secret, rec *berthv1.Allocation) string {
 	return d
 }
 
-// sealed tells a secret that berth handed over for the record's current build user.
-func sealed(s *corev1.Secret, rec *berthv1.Allocation) bool {
+// sealed tells a secret that berth handed over for the record's current build user, given the
+// digest of its data: the seal is checked on the digest, so a cached secret (stripSecret)
+// needs no data.
+func sealed(s *corev1.Secret, rec *berthv1.Allocation, dataDigest string) bool {
 	got, err := base64.StdEncoding.DecodeString(s.Annotations[SealAnnotation])
-	return err == nil && len(rec.Status.SealKey) > 0 && hmac.Equal(got, sealOf(rec, digest(s.Data)))
+	return err == nil && len(rec.Status.SealKey) > 0 && dataDigest != "" && hmac.Equal(got, sealOf(rec, dataDigest))
 }
 
 // HandedOver tells whether s is the secret berth handed over to the task of rec: the record
 // holds a slot, and the secret is berth's for that TaskRun and carries the record's seal for
 // its current build user. (A record adopted from the controller berth replaces has no seal.)
 func HandedOver(s *corev1.Secret, rec *berthv1.Allocation) bool {
+	return s != nil && handedOverWith(s, rec, digest(s.Data))
+}
+
+// handedOverWith is HandedOver for a secret whose data has the digest dataDigest.
+func handedOverWith(s *corev1.Secret, rec *berthv1.Allocation, dataDigest string) bool {
 	held := rec.Status.Login != nil && !rec.Status.SecretTampered &&
 		(rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady)
-	return held && s != nil && ownedBy(s, rec.Spec.TaskRun.UID) && sealed(s, rec)
+	return held && ownedBy(s, rec.Spec.TaskRun.UID) && sealed(s, rec, dataDigest)
 }
 
 // hold serves a task whose record holds a slot: its build user is being made (this process
@@ -80,35 +87,38 @@ func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	if d, ok := r.ready.Load(keyID(rec)); ok {
 		return r.guardSecret(ctx, tr, rec, d.(string))
 	}
-	s, err := r.handedOver(ctx, tr, rec)
+	d, err := r.handedOver(ctx, tr, rec)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if s == nil {
+	if d == "" {
 		return r.provision(ctx, tr, rec)
 	}
-	r.ready.Store(keyID(rec), digest(s.Data))
+	r.ready.Store(keyID(rec), d)
 	return reconcile.Result{}, nil
 }
 
-// handedOver is the task's secret if it carries the record's seal (nil if not). The cache is
-// asked first, then the apiserver, which may hold a secret the cache has not seen yet.
-func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (*corev1.Secret, error) {
+// handedOver is the digest of the task's secret's data if it carries the record's seal (""
+// if not). The cache is asked first (it keeps the digest, not the data: stripSecret), then
+// the apiserver, which may hold a secret the cache has not seen yet. The direct read happens
+// only when the cache does not show the seal: once per task after a restart or a new leader
+// at most, while it lags behind berth's own write, or when there is no hand-over to find.
+func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (string, error) {
 	s, err := r.secretOf(ctx, tr.Namespace, tr.Name)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	if HandedOver(s, rec) {
-		return s, nil
+	if s != nil && handedOverWith(s, rec, cachedDigest(s)) {
+		return cachedDigest(s), nil
 	}
 	var live corev1.Secret
 	switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &live); {
 	case apierrors.IsNotFound(err):
-		return nil, nil
+		return "", nil
 	case err != nil:
-		return nil, err
+		return "", err
 	case HandedOver(&live, rec):
-		return &live, nil
+		return digest(live.Data), nil
 	}
-	return nil, nil
+	return "", nil
 }

@@ -292,6 +292,9 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	keys := v.(keyPair)
 	j := job(rec, *rec.Status.Login, rec.Status.BuildUser)
 	j.AuthorizedKey = keys.authorized
+	if cfg := r.Config.Config(); cfg != nil {
+		j.UIDs = cfg.BuildUIDs
+	}
 	out := r.Provisioner.Provision(ctx, j)
 	if !out.Done {
 		return reconcile.Result{}, nil // its end wakes us
@@ -373,7 +376,7 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 	if remote.IsHostKeyChanged(cause) {
 		reason = "HostKeyChanged" // a replaced host, or someone in the middle: people must look
 	}
-	r.event(ctx, tr, login.Host, corev1.EventTypeWarning, reason, "host %s: %s; trying another host", login.Host, why)
+	r.hostFailed(ctx, tr, next, login.Host, reason, cause, why)
 	var results outcomes
 	results.add(r.payDebts(ctx, next))
 	results.add(r.reserve(ctx, tr, next))
@@ -391,7 +394,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if secret != nil && digest(secret.Data) == want {
+	if secret != nil && cachedDigest(secret) == want {
 		return reconcile.Result{}, nil
 	}
 	// The cache may simply lag behind our own write: ask the apiserver before judging.
@@ -561,6 +564,7 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	var paid []berthv1.Debt
 	var failed error
 	var failedDebt berthv1.Debt
+	var failures []failedClean
 	for _, d := range rec.Status.Debts {
 		if gone, err := r.vmGone(ctx, d.HostLogin); err != nil {
 			return reconcile.Result{}, err
@@ -577,6 +581,7 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 			if failed == nil {
 				failed, failedDebt = out.Err, d
 			}
+			failures = append(failures, failedClean{debt: d, err: out.Err})
 		default:
 			paid = append(paid, d)
 		}
@@ -602,10 +607,8 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	if failed != nil {
 		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
 		r.recordEvent(ctx, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
-		if r.QuarantineAfterCleanFailures > 0 && next.Status.CleanFailures >= r.QuarantineAfterCleanFailures {
-			r.quarantineForCleans(ctx, failedDebt.Host, next.Status.Message)
-		}
 	}
+	r.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 
