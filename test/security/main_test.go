@@ -26,6 +26,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/devstack"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/testground/stacktest"
@@ -39,9 +40,17 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	code := stacktest.MainWith(m, &stack, hostCount, controllerOptions(), auditKeys) // auditKeys: keyserver_flood_test.go
+	os.RemoveAll(metricsTLS.certDir)
+	os.Exit(code)
+}
+
+// controllerOptions are those of the package's in-process controller.
+func controllerOptions() controller.Options {
 	o := stacktest.Options()
 	o.MirrorRevertInterval = 2 * time.Second
-	os.Exit(stacktest.Main(m, &stack, hostCount, o))
+	o.MetricsAddress, o.MetricsSecure, o.MetricsCertDir = metricsServing() // metrics_test.go
+	return o
 }
 
 // admin observes: the test's own eyes, never the attacker's hands.
