@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/realdata"
@@ -167,28 +165,6 @@ func TestValidateLiveConfigChecksSecrets(t *testing.T) {
 	}
 }
 
-// bareListed are the platforms a dynamic list of a real config names with no
-// dynamic.<platform>.* key at all, comma-joined in sorted order: the only ones
-// ../shared/real/README.md lets be unusable. They are read from the file, so a newly rendered
-// cluster (the chart lists linux-g4xlarge/amd64 without a block for it) needs no entry here.
-func bareListed(data map[string]string) string {
-	var bare []string
-	for _, list := range []string{"dynamic-platforms", "dynamic-pool-platforms"} {
-		for _, name := range strings.Split(data[list], ",") {
-			p := config.Platform(strings.TrimSpace(name))
-			if p == "" || slices.Contains(bare, string(p)) {
-				continue
-			}
-			prefix := "dynamic." + p.Label() + "."
-			if !slices.ContainsFunc(slices.Collect(maps.Keys(data)), func(k string) bool { return strings.HasPrefix(k, prefix) }) {
-				bare = append(bare, string(p))
-			}
-		}
-	}
-	slices.Sort(bare)
-	return strings.Join(bare, ",")
-}
-
 // TestValidateEveryRealConfig runs `berth config validate --json` on every ConfigMap real
 // clusters run with: exit 0, but for those that list a platform bare, which exit 1 with only
 // those platforms unusable.
@@ -208,7 +184,7 @@ func TestValidateEveryRealConfig(t *testing.T) {
 	}
 	bare := map[string]string{}
 	for _, f := range files {
-		if b := bareListed(f.Data); b != "" {
+		if b := strings.Join(f.BareListed(), ","); b != "" {
 			bare[f.Name] = b
 		}
 		if want, ok := known[f.Name]; ok && bare[f.Name] != want {

@@ -9,28 +9,6 @@ import (
 	"github.com/berth-ci/berth/internal/testground/realdata"
 )
 
-// bareListed are the platforms of a real config that a dynamic list names with no
-// dynamic.<platform>.* key at all: the only ones that may be unusable. They are read from the
-// file itself, as ../shared/real/README.md states the rule, so a newly rendered cluster (the
-// chart lists linux-g4xlarge/amd64 without a block for it) needs no entry here.
-func bareListed(data map[string]string) []Platform {
-	var bare []Platform
-	for _, list := range []string{"dynamic-platforms", "dynamic-pool-platforms"} {
-		for _, name := range strings.Split(data[list], ",") {
-			p := Platform(strings.TrimSpace(name))
-			if p == "" || slices.Contains(bare, p) {
-				continue
-			}
-			prefix := "dynamic." + p.Label() + "."
-			if !slices.ContainsFunc(slices.Collect(maps.Keys(data)), func(k string) bool { return strings.HasPrefix(k, prefix) }) {
-				bare = append(bare, p)
-			}
-		}
-	}
-	slices.Sort(bare)
-	return bare
-}
-
 // knownBare pins what ../shared/real/README.md says of the files it names, so a loader that
 // took every platform as bare could not pass.
 var knownBare = map[string][]Platform{
@@ -74,7 +52,10 @@ func TestEveryRealConfigLoads(t *testing.T) {
 					unusable = append(unusable, p)
 				}
 			}
-			want := bareListed(f.Data)
+			var want []Platform
+			for _, p := range f.BareListed() {
+				want = append(want, Platform(p))
+			}
 			if known, ok := knownBare[f.Name]; ok && !slices.Equal(want, known) {
 				t.Fatalf("bare-listed platforms %v, want %v as ../shared/real/README.md says", want, known)
 			}

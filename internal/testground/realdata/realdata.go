@@ -5,8 +5,10 @@ package realdata
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -93,4 +95,27 @@ func HostConfigs() ([]HostConfig, error) {
 		err = fmt.Errorf("no ConfigMap under %s", root)
 	}
 	return out, err
+}
+
+// BareListed are the platforms a dynamic list of the config names with no
+// dynamic.<platform>.* key at all, sorted: the only ones ../shared/real/README.md lets be
+// unusable. They are read from the file, so a newly rendered cluster (the chart lists
+// linux-g4xlarge/amd64 without a block for it) needs no entry in any test.
+func (h HostConfig) BareListed() []string {
+	var bare []string
+	for _, list := range []string{"dynamic-platforms", "dynamic-pool-platforms"} {
+		for _, name := range strings.Split(h.Data[list], ",") {
+			p := strings.TrimSpace(name)
+			if p == "" || slices.Contains(bare, p) {
+				continue
+			}
+			// A platform's keys write its "/" as "-" (CONTRACT.md).
+			prefix := "dynamic." + strings.ReplaceAll(p, "/", "-") + "."
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(h.Data)), func(k string) bool { return strings.HasPrefix(k, prefix) }) {
+				bare = append(bare, p)
+			}
+		}
+	}
+	slices.Sort(bare)
+	return bare
 }
