@@ -3,6 +3,7 @@ package taskrun
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,6 +13,9 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -31,6 +35,9 @@ type mirrorState struct {
 	finalizer bool
 	failed    string // failed-hosts, comma list
 	position  int    // queue-position while waiting; 0 for none
+	// bare: the TaskRun's own annotations leave no room for berth's (see patchMirrors), so
+	// only labels and finalizer are written, and berth's annotations are taken away.
+	bare bool
 }
 
 func mirrorOf(rec *berthv1.Allocation) mirrorState {
@@ -56,7 +63,10 @@ func (m mirrorState) apply(tr *pipelinev1.TaskRun) {
 	}
 	setOrDelete(tr.Labels, contract.AssignedHostLabel, m.host)
 	setOrDelete(tr.Labels, contract.WaitingForPlatformLabel, map[bool]string{true: contract.PlatformLabelValue(m.platform)}[m.waiting])
-	if position := m.queuePosition(); position != "" || tr.Annotations[contract.QueuePositionAnnotation] != "" {
+	if m.bare {
+		delete(tr.Annotations, contract.QueuePositionAnnotation)
+		delete(tr.Annotations, contract.FailedHostsAnnotation)
+	} else if position := m.queuePosition(); position != "" || tr.Annotations[contract.QueuePositionAnnotation] != "" {
 		if tr.Annotations == nil {
 			tr.Annotations = map[string]string{}
 		}
@@ -71,7 +81,7 @@ func (m mirrorState) apply(tr *pipelinev1.TaskRun) {
 		return
 	}
 	tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(m.platform)
-	if m.failed != "" || tr.Annotations[contract.FailedHostsAnnotation] != "" {
+	if !m.bare && m.failed != "" || tr.Annotations[contract.FailedHostsAnnotation] != "" {
 		if tr.Annotations == nil {
 			tr.Annotations = map[string]string{}
 		}
@@ -103,6 +113,7 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	r.noteMirrorSet(tr.UID)
 	want := mirrorOf(rec)
 	want.position = r.queuePosition(tr, rec)
+	want.bare = r.annotationsFull(tr.UID)
 	last, wrote := r.mirrors.Load(tr.UID)
 	if wrote && last.(mirrorState) == want {
 		probe := tr.DeepCopy()
@@ -125,6 +136,7 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		return reconcile.Result{}, err
 	}
 	if !want.ended {
+		want.bare = r.annotationsFull(tr.UID)
 		r.mirrors.Store(tr.UID, want)
 	}
 	return reconcile.Result{}, nil
@@ -132,28 +144,75 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 
 // patchMirrors writes m with a JSON patch that tests what it changes (see metadataPatch).
 // Cached TaskRuns are stripped of what berth does not read, so they are never written whole.
+//
+// A tenant may fill its TaskRun's annotations up to the apiserver's limit (256 KiB in all),
+// leaving no room for berth's queue-position and failed-hosts: the apiserver then refuses every
+// patch that adds them, and the labels and finalizer in the same patch would never be written.
+// So on that refusal the TaskRun is marked full (an Event says so, once) and its mirrors are
+// written without berth's annotations, now and until it ends.
 func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m mirrorState) error {
 	r.noteMirrorSet(tr.UID)
 	if fresh := r.freshest(tr); fresh != tr {
 		*tr = *fresh
 	}
+	m.bare = m.bare || r.annotationsFull(tr.UID)
 	before := tr.DeepCopy()
-	m.apply(tr)
-	if ops := metadataPatch(&before.ObjectMeta, &tr.ObjectMeta); len(ops) > 0 {
-		patch, err := json.Marshal(ops)
-		if err != nil {
-			return err
-		}
-		if err := r.Client.Patch(ctx, tr, client.RawPatch(types.JSONPatchType, patch)); err != nil {
-			if testFailed(err) {
-				return fmt.Errorf("%w: %w", errStale, err)
-			}
-			return err
-		}
-		r.notePatched(tr)
+	err := r.writeMirrors(ctx, tr, before, m)
+	if err != nil && !m.bare && annotationsTooLong(err) {
+		r.full.Store(tr.UID, struct{}{})
+		r.event(ctx, before, "", corev1.EventTypeWarning, "AnnotationsFull",
+			"the annotations of this TaskRun leave no room for berth's %s and %s (the apiserver allows %d bytes of annotations in all); its labels still show its state",
+			contract.QueuePositionAnnotation, contract.FailedHostsAnnotation, apivalidation.TotalAnnotationSizeLimitB)
+		*tr = *before.DeepCopy()
+		m.bare = true
+		err = r.writeMirrors(ctx, tr, before, m)
+	}
+	if err != nil {
+		return err
 	}
 	r.notePosition(tr, m.position)
 	return nil
+}
+
+// writeMirrors applies m to tr and patches what changed since before.
+func (r *Reconciler) writeMirrors(ctx context.Context, tr, before *pipelinev1.TaskRun, m mirrorState) error {
+	m.apply(tr)
+	ops := metadataPatch(&before.ObjectMeta, &tr.ObjectMeta)
+	if len(ops) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, tr, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+		if testFailed(err) {
+			return fmt.Errorf("%w: %w", errStale, err)
+		}
+		return err
+	}
+	r.notePatched(tr)
+	return nil
+}
+
+func (r *Reconciler) annotationsFull(uid types.UID) bool {
+	_, full := r.full.Load(uid)
+	return full
+}
+
+// annotationsTooLong tells the apiserver's refusal of metadata whose annotations exceed its
+// limit (a validation error on the field metadata.annotations).
+func annotationsTooLong(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if c.Type == metav1.CauseTypeTooLong && c.Field == "metadata.annotations" {
+			return true
+		}
+	}
+	return false
 }
 
 // patchedMeta is the metadata of a TaskRun as berth's last patch of it left it.

@@ -3,11 +3,14 @@ package taskrun_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -115,4 +118,52 @@ func positionsAre(t *testing.T, trs []*pipelinev1.TaskRun, want ...string) {
 		}
 		return fmt.Sprint(got) == fmt.Sprint(want), fmt.Errorf("positions %q", got)
 	})
+}
+
+// TestFullAnnotationsLeaveTheTaskServed: a tenant fills its TaskRun's annotations to the
+// apiserver's limit, leaving no room for berth's queue-position. The apiserver refuses any patch
+// that adds it; berth still labels the TaskRun waiting (an Event says why it shows no place),
+// serves it when a slot frees, and lets it go when it ends.
+func TestFullAnnotationsLeaveTheTaskServed(t *testing.T) {
+	applyConfig(t, 1, nil)
+	ns := namespace(t)
+	var fills []*pipelinev1.TaskRun
+	for i := range stackHosts {
+		fills = append(fills, create(t, userTaskRun(ns, fmt.Sprintf("fill-%d", i), platform, "")))
+	}
+	for _, tr := range fills {
+		ready(t, tr)
+	}
+	full := userTaskRun(ns, "full", platform, "")
+	const key = "tenant.example/blob"
+	full.Annotations = map[string]string{key: strings.Repeat("x", apivalidation.TotalAnnotationSizeLimitB-len(key))}
+	full = create(t, full)
+	eventually(t, "the full TaskRun is labelled waiting", func() (bool, error) {
+		got := get(t, full)
+		return got.Labels[contract.WaitingForPlatformLabel] != "", nil
+	})
+	if v, ok := get(t, full).Annotations[contract.QueuePositionAnnotation]; ok {
+		t.Errorf("a queue-position %q was written past the annotations' limit", v)
+	}
+	eventually(t, "an AnnotationsFull Event on the TaskRun", func() (bool, error) {
+		var events eventsv1.EventList
+		if err := c().List(context.Background(), &events, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "AnnotationsFull" && e.Regarding.Name == full.Name {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	finish(t, fills[0])
+	ready(t, full)
+	if got := get(t, full); got.Labels[contract.WaitingForPlatformLabel] != "" || got.Labels[contract.AssignedHostLabel] == "" {
+		t.Errorf("the served TaskRun's labels: %v", got.Labels)
+	}
+	for _, tr := range append(fills[1:], full) {
+		finish(t, tr)
+	}
+	settled(t, ns)
 }

@@ -78,6 +78,7 @@ type Reconciler struct {
 	mirrors   sync.Map // TaskRun UID → mirrorState berth last wrote
 	patched   sync.Map // TaskRun UID → patchedMeta: the metadata berth's last patch left
 	reverted  sync.Map // TaskRun UID → when berth last undid a tenant's edit
+	full      sync.Map // TaskRun UID → struct{}: no room for berth's annotations on it
 	now       func() time.Time
 	// mirrorSets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.

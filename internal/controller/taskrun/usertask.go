@@ -555,6 +555,7 @@ func (r *Reconciler) forgetMirrors(uid types.UID) {
 	r.patched.Delete(uid)
 	r.mirrorSets.Delete(uid)
 	r.reverted.Delete(uid)
+	r.full.Delete(uid)
 }
 
 // payDebts removes owed build users, with backoff on failure, whatever the config says now:
