@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -246,6 +247,9 @@ var sealLength = base64.StdEncoding.EncodedLen(sha256.Size)
 // well-formed seal, a well-formed OTP token, and the digest of its data (a tenant may fill any
 // labelled secret with 1 MiB of data and 256 KiB of annotations). The seal is checked on the
 // digest (sealOf), and a tampering is told by it (guardSecret): neither needs the data.
+// keptOwners bounds the owner references a cached task secret keeps (see stripSecret).
+const keptOwners = 4
+
 func stripSecret(obj any) (any, error) {
 	s, ok := obj.(*corev1.Secret)
 	if !ok {
@@ -259,12 +263,16 @@ func stripSecret(obj any) (any, error) {
 		kept.Labels = map[string]string{contract.SecretLabel: v} // a label value: 63 characters at most
 	}
 	// berth writes one owner reference, to the TaskRun the secret is named for; any other is
-	// not berth's, and a tenant could add thousands.
+	// not berth's, and a tenant could add thousands. A tenant may put decoys of that name before
+	// berth's, so a few distinct ones are kept (keptOwners): more decoys than that only hide
+	// berth's ownership of the tenant's own task secret, as removing the reference would.
 	name := strings.TrimPrefix(s.Name, contract.SecretPrefix)
 	for _, o := range s.OwnerReferences {
-		if o.Kind == "TaskRun" && o.Name == name {
-			kept.OwnerReferences = []metav1.OwnerReference{{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, UID: o.UID}}
+		if len(kept.OwnerReferences) == keptOwners {
 			break
+		}
+		if o.Kind == "TaskRun" && o.Name == name && !slices.ContainsFunc(kept.OwnerReferences, func(k metav1.OwnerReference) bool { return k.UID == o.UID }) {
+			kept.OwnerReferences = append(kept.OwnerReferences, metav1.OwnerReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, UID: o.UID})
 		}
 	}
 	kept.Data = map[string][]byte{cachedDigestKey: []byte(digest(s.Data))}

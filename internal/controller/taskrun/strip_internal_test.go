@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -62,8 +63,11 @@ func TestStripSecretKeepsWhatBerthJudgesBy(t *testing.T) {
 	big.Annotations["tenant.example/blob"] = strings.Repeat("z", 256<<10)
 	big.Annotations[SealAnnotation] = strings.Repeat("s", 64<<10)
 	big.Labels["tenant.example/label"] = "x"
-	for range 1000 {
-		big.OwnerReferences = append(big.OwnerReferences, metav1.OwnerReference{Kind: "TaskRun", Name: "build", UID: "decoy"})
+	// Decoys of the same name before berth's reference, and a thousand after it.
+	decoys := []metav1.OwnerReference{{Kind: "TaskRun", Name: "build", UID: "decoy-1"}, {Kind: "TaskRun", Name: "build", UID: "decoy-1"}, {Kind: "TaskRun", Name: "build", UID: "decoy-2"}}
+	big.OwnerReferences = append(decoys, big.OwnerReferences...)
+	for i := range 1000 {
+		big.OwnerReferences = append(big.OwnerReferences, metav1.OwnerReference{Kind: "TaskRun", Name: "build", UID: types.UID(fmt.Sprint("decoy-after-", i))})
 	}
 	c = cached(big)
 	if n := cachedSize(t, c); n > 1024 {
