@@ -161,8 +161,7 @@ func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m
 	if err != nil && !m.bare && annotationsTooLong(err) {
 		r.full.Store(tr.UID, struct{}{})
 		r.event(ctx, before, "", corev1.EventTypeWarning, "AnnotationsFull",
-			"the annotations of this TaskRun leave no room for berth's %s and %s (the apiserver allows %d bytes of annotations in all); its labels still show its state",
-			contract.QueuePositionAnnotation, contract.FailedHostsAnnotation, apivalidation.TotalAnnotationSizeLimitB)
+			"annotations full (%d bytes in all): no queue-position or failed-hosts here; the labels show the state", apivalidation.TotalAnnotationSizeLimitB)
 		*tr = *before.DeepCopy()
 		m.bare = true
 		err = r.writeMirrors(ctx, tr, before, m)
@@ -232,7 +231,7 @@ func (r *Reconciler) notePatched(tr *pipelinev1.TaskRun) {
 	}
 	// The apiserver answers with the whole TaskRun: only what the cache would keep of it is
 	// kept (stripTaskRun), or a tenant's large annotations would stay here.
-	r.patched.Store(tr.UID, patchedMeta{resourceVersion: rv, labels: keepKeys(tr.Labels, taskRunLabelsRead),
+	r.patched.Store(tr.UID, &patchedMeta{resourceVersion: rv, labels: keepKeys(tr.Labels, taskRunLabelsRead),
 		annotations: keepKeys(tr.Annotations, taskRunAnnotationsRead), finalizers: slices.Clone(tr.Finalizers)})
 }
 
@@ -247,8 +246,11 @@ func (r *Reconciler) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	if !ok {
 		return tr
 	}
-	last := v.(patchedMeta)
+	last := v.(*patchedMeta)
 	if cached, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || cached >= last.resourceVersion {
+		// The cache has caught up: what the patch left is no longer needed (a TaskRun waiting
+		// for hours would otherwise keep a copy of its labels here all along).
+		r.patched.CompareAndDelete(tr.UID, v)
 		return tr
 	}
 	fresh := tr.DeepCopy()

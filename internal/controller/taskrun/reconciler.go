@@ -76,7 +76,7 @@ type Reconciler struct {
 	keys      sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready     sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
 	mirrors   sync.Map // TaskRun UID → mirrorState berth last wrote
-	patched   sync.Map // TaskRun UID → patchedMeta: the metadata berth's last patch left
+	patched   sync.Map // TaskRun UID → *patchedMeta: the metadata berth's last patch left, until the cache has it
 	reverted  sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	full      sync.Map // TaskRun UID → struct{}: no room for berth's annotations on it
 	now       func() time.Time
