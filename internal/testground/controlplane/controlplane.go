@@ -66,6 +66,7 @@ type options struct {
 	logDir                  string
 	auditLog                string
 	auditRules              []auditv1.PolicyRule
+	compaction              time.Duration
 }
 
 // WithoutGarbageCollector starts no kube-controller-manager, as on a bare apiserver: owner
@@ -86,6 +87,12 @@ func WithCRDs(dirs ...string) Option {
 // throwaway clusters an integration test gets, and quicker to start.
 func WithoutDefaultCRDs() Option {
 	return func(o *options) { o.withoutDefaultCRDs = true }
+}
+
+// WithCompaction has kube-apiserver compact etcd's history every interval instead of every
+// five minutes: a test that revises a gigabyte of large objects keeps only minutes of them.
+func WithCompaction(interval time.Duration) Option {
+	return func(o *options) { o.compaction = interval }
 }
 
 // Scheme is berth's scheme; see kubescheme.
@@ -123,9 +130,9 @@ func Start(opts ...Option) (*ControlPlane, error) {
 	env.ControlPlane.Etcd = &envtest.Etcd{}
 	env.ControlPlane.Etcd.Configure().Set("unsafe-no-fsync", "true")
 	// etcd's default space quota is 2 GiB, and a full backend refuses every write until an
-	// operator disarms the alarm. The memory attack test writes about a gigabyte of tenant
-	// objects of up to 1.5 MiB, each revised a few times before the apiserver compacts (every
-	// five minutes): 8 GiB, the largest quota etcd's documentation suggests, keeps the shared
+	// operator disarms the alarm. The memory test (test/security/memory) writes about a
+	// gigabyte of tenant objects of up to 1.5 MiB, each revised a few times before the
+	// apiserver compacts: 8 GiB, the largest quota etcd's documentation suggests, keeps the
 	// control plane writable through it.
 	env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.Itoa(8<<30))
 	var outputs []*loggedOutput
@@ -143,6 +150,12 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		}
 		env.ControlPlane.Etcd.Out, env.ControlPlane.Etcd.Err = outputs[0].w, outputs[0].w
 		env.ControlPlane.APIServer = &envtest.APIServer{Out: outputs[1].w, Err: outputs[1].w}
+	}
+	if env.ControlPlane.APIServer == nil {
+		env.ControlPlane.APIServer = &envtest.APIServer{}
+	}
+	if o.compaction > 0 {
+		env.ControlPlane.APIServer.Configure().Set("etcd-compaction-interval", o.compaction.String())
 	}
 	if o.auditLog != "" {
 		if env.ControlPlane.APIServer == nil {

@@ -1,0 +1,69 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Child is a berth controller run as a child process the way the bench runs it (see
+// startController), for tests that measure what the real binary uses rather than a controller
+// inside the test's own process.
+type Child struct{ p *controllerProcess }
+
+// StartChild runs command (a shell command line, exec'd so the pid is the controller's) with
+// KUBECONFIG=kubeconfig and its output appended to logPath.
+func StartChild(command, kubeconfig, logPath string) (*Child, error) {
+	p, err := startController(command, kubeconfig, logPath)
+	if err != nil {
+		return nil, err
+	}
+	return &Child{p: p}, nil
+}
+
+// PeakRSSMiB is the highest VmHWM of the running process and of those Restart killed.
+func (c *Child) PeakRSSMiB() float64 { return c.p.usage().peakRSSMiB }
+
+// Restart kills the process with SIGKILL, as the OOM killer would, and starts it again.
+func (c *Child) Restart() error { return c.p.killAndRestart() }
+
+// Died says how the process ended when it ended on its own.
+func (c *Child) Died() (string, bool) { return c.p.died() }
+
+// Stop ends the process with SIGTERM (SIGKILL after 15 seconds).
+func (c *Child) Stop() { c.p.stop() }
+
+// LiveHeapBytes is the live heap of the controller serving net/http/pprof at address: the
+// heap profile's endpoint runs a GC first (heap?gc=1, as the bench keeps it), and its text form
+// (debug=1) ends with the runtime's MemStats read after that GC, whose HeapAlloc is every
+// live byte. It is read twice: what sync.Pools hold (buffers of the HTTP/2 transport, say)
+// outlives one GC in their victim cache and is gone after the second. The profile's own
+// inuse_space is a sample (one per 512 KiB allocated, by default) scaled up, which misses or
+// overcounts by megabytes on a heap of a few.
+func LiveHeapBytes(ctx context.Context, address string) (int64, error) {
+	p := &Pprof{Address: address}
+	if _, err := p.fetch(ctx, "/debug/pprof/heap?gc=1"); err != nil {
+		return 0, err
+	}
+	data, err := p.fetch(ctx, "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("the heap profile of %s: HeapAlloc: %w", address, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("the heap profile of %s has no HeapAlloc", address)
+}
+
+// HeapProfile is the heap profile (gzipped protobuf, after a GC) of the controller serving
+// net/http/pprof at address.
+func HeapProfile(ctx context.Context, address string) ([]byte, error) {
+	return (&Pprof{Address: address}).fetch(ctx, "/debug/pprof/heap?gc=1")
+}

@@ -1,0 +1,456 @@
+package memory_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/berth-ci/berth/internal/bench"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/stacktest"
+)
+
+// The sizes a tenant can give its objects, each as large as the apiserver takes it:
+//   - a Secret's data, keys included, at most 1 MiB (k8s.io/kubernetes pkg/apis/core:
+//     MaxSecretSize);
+//   - an object's annotations, keys included, at most 256 KiB (apimachinery's
+//     TotalAnnotationSizeLimitB), which leaves no room for berth's own (see patchMirrors);
+//   - a TaskRun (a custom resource, stored as JSON) below etcd's request limit of 1.5 MiB
+//     (--max-request-bytes): 1 MiB of params and 256 KiB of annotations leave it ~200 KiB.
+const (
+	maxSecretData  = 1 << 20
+	paramBytes     = 1 << 20
+	floodSecrets   = 500
+	floodTaskRuns  = 500
+	answeredTasks  = 20 // error secrets of berth's, inflated by the tenant
+	heldTasks      = 2  // the flood's cap (max-tasks-per-namespace); the last slot serves others
+	heapPerObject  = 4 << 10
+	floodWorkers   = 4
+	tenantBlobName = "blob"
+)
+
+// TestTenantObjectsDoNotSizeControllerMemory floods a tenant namespace with the largest objects
+// the apiserver accepts, all of which berth's controller watches: Secrets carrying berth's
+// label, TaskRuns of a platform it serves with 1 MiB of params and 256 KiB of annotations,
+// and berth's own task secrets blown up to 1 MiB by the tenant. The controller runs as the
+// real binary in a child process. What it keeps of them, its live heap (heap?gc=1) less its
+// watches' wire buffers (see splitHeap), may grow by at most heapPerObject per object; its peak
+// RSS must stay under the memory limit the shipped Deployment sets, also when it starts again
+// with all of it there; and it must still serve tasks.
+func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
+	limitMiB := shippedMemoryLimitMiB(t)
+	bin := buildBerth(t)
+	// One slot per host. The flood's namespace may hold heldTasks of them at once, so its
+	// TaskRuns all wait (none is ever provisioned) and the last slot shows berth serving
+	// another tenant meanwhile.
+	applyConfig(t, 1, map[string]string{"max-tasks-per-namespace": fmt.Sprint(heldTasks)})
+	began := time.Now()
+	phase := func(what string) {
+		t.Logf("%s (%s into the test)", what, time.Since(began).Round(time.Second))
+	}
+	flood := stacktest.NewTenant(t, stack, "flood")
+	other := stacktest.NewTenant(t, stack, "other")
+	ctx := context.Background()
+
+	// The stack's in-process controller gives way to the real binary. Nothing is cleaned up
+	// after: the control plane is this package's alone and goes with it (deleting a gigabyte
+	// of 1 MiB objects costs the apiserver more memory than writing them).
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	child, pprofAddr := startChild(t, bin)
+
+	// Warm up: one task served means caches synced and the config read.
+	warm := other.Create(t, other.TaskRun("warm", platform))
+	ready(t, warm)
+	finish(t, warm)
+	settled(t, other.Namespace)
+
+	// The flood's slots taken; once the heap is measured, each held task's secret is blown up
+	// by the tenant: berth sees the tampering (a direct read) and writes an error in its place.
+	held := make([]*pipelinev1.TaskRun, heldTasks)
+	for i := range held {
+		held[i] = flood.Create(t, flood.TaskRun(fmt.Sprintf("held-%d", i), platform))
+	}
+	for _, tr := range held {
+		ready(t, tr)
+	}
+	before := splitHeap(t, pprofAddr)
+	phase(fmt.Sprintf("before the flood: live heap %s (%s of it wire buffers), peak RSS %.0f MiB",
+		kib(before.total), kib(before.wire), child.PeakRSSMiB()))
+	saveHeap(t, pprofAddr, "before")
+	for _, tr := range held {
+		inflate(t, flood, contract.SecretPrefix+tr.Name)
+	}
+	// Tasks berth answers with an error secret at once, which it keeps (owned, labelled) for
+	// as long as the task lives; the tenant blows each up.
+	var answered []*pipelinev1.TaskRun
+	for i := range answeredTasks {
+		answered = append(answered, flood.Create(t, flood.TaskRun(fmt.Sprintf("answered-%d", i), "linux/no-such-arch")))
+	}
+	for _, tr := range answered {
+		eventually(t, tr.Name+" has berth's error secret", func() (bool, error) {
+			var s corev1.Secret
+			err := admin().Get(ctx, client.ObjectKey{Namespace: flood.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
+			return err == nil && len(s.Data["error"]) > 0, client.IgnoreNotFound(err)
+		})
+		inflate(t, flood, contract.SecretPrefix+tr.Name)
+	}
+
+	phase("berth's own secrets inflated")
+	start := time.Now()
+	prime(t, flood, "big", floodSecrets)
+	t.Logf("the tenant wrote %d Secrets of 1 MiB and %d TaskRuns of 1.25 MiB in %s", floodSecrets, floodTaskRuns, time.Since(start).Round(time.Second))
+	start = time.Now()
+	// berth keeps no record of a task that never held a slot: the waiting label it writes
+	// on each (a patch whose answer is the whole TaskRun: notePatched) shows it in line.
+	floodEventually(t, "berth has labelled every big TaskRun waiting", func() (bool, error) {
+		n, err := waitingIn(ctx, flood.Namespace)
+		return n >= floodTaskRuns, err
+	})
+	for _, tr := range held {
+		eventually(t, tr.Name+"'s inflated secret was replaced by berth's error", func() (bool, error) {
+			var s corev1.Secret
+			err := admin().Get(ctx, client.ObjectKey{Namespace: flood.Namespace, Name: contract.SecretPrefix + tr.Name}, &s)
+			return err == nil && len(s.Data[tenantBlobName]) == 0 && len(s.Data["error"]) > 0, client.IgnoreNotFound(err)
+		})
+	}
+	t.Logf("berth labelled them all waiting within %s", time.Since(start).Round(time.Second))
+
+	// What the tenant added since the heap was measured: the flood, and the answered tasks
+	// with their secrets (the held tasks' secrets it only blew up).
+	objects := int64(floodSecrets + floodTaskRuns + 2*answeredTasks)
+	check := func(when string) {
+		t.Helper()
+		if how, dead := child.Died(); dead {
+			t.Fatalf("%s: the controller died: %s", when, how)
+		}
+		now, rss := splitHeap(t, pprofAddr), child.PeakRSSMiB()
+		kept := now.kept - before.kept
+		t.Logf("%s: live heap %s (%+d bytes); kept of the tenant's objects %+d bytes, %.0f bytes per object; wire buffers %s (%s before); peak RSS %.0f MiB of the shipped limit %d MiB",
+			when, kib(now.total), now.total-before.total, kept, float64(kept)/float64(objects), kib(now.wire), kib(before.wire), rss, limitMiB)
+		if kept > objects*heapPerObject {
+			t.Errorf("%s: berth keeps %s more for %d tenant objects: more than %d bytes each", when, kib(kept), objects, heapPerObject)
+		}
+		if rss >= float64(limitMiB) {
+			t.Errorf("%s: peak RSS %.0f MiB reached the shipped memory limit of %d MiB", when, rss, limitMiB)
+		}
+	}
+	check("with the flood in place")
+	saveHeap(t, pprofAddr, "flood")
+	serves(t, other, "after-flood")
+	phase("served another tenant with the flood in place")
+
+	// As a pod OOM-killed or rescheduled would: the objects are all there when it starts.
+	if err := child.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitPprof(t, pprofAddr)
+	serves(t, other, "after-restart")
+	phase("served another tenant after a restart")
+	check("after a restart with the flood in place")
+	saveHeap(t, pprofAddr, "restart")
+}
+
+// prime is the tenant writing n labelled Secrets of 1 MiB and n TaskRuns with 1 MiB of params
+// and 256 KiB of annotations, named prefix-<i>.
+func prime(t *testing.T, tn *stacktest.Tenant, prefix string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	parallel(t, n, func(i int) error {
+		return tn.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i), Namespace: tn.Namespace,
+				Labels: map[string]string{contract.SecretLabel: "true"}},
+			Data: map[string][]byte{tenantBlobName: filler(maxSecretData - len(tenantBlobName))},
+		})
+	})
+	parallel(t, n, func(i int) error {
+		tr := tn.TaskRun(fmt.Sprintf("%s-%d", prefix, i), platform)
+		const key = "tenant.example/blob"
+		tr.Annotations = map[string]string{key: string(filler(validation.TotalAnnotationSizeLimitB - len(key)))}
+		tr.Spec.Params = append(tr.Spec.Params, pipelinev1.Param{Name: tenantBlobName, Value: *pipelinev1.NewStructuredValues(string(filler(paramBytes)))})
+		return tn.Client.Create(ctx, tr)
+	})
+}
+
+// saveHeap keeps the controller's heap profile as <name>.pb.gz in BERTH_MEMORY_PROFILES, when
+// that names a directory, to be read with go tool pprof (-base for what grew).
+func saveHeap(t *testing.T, addr, name string) {
+	t.Helper()
+	dir := os.Getenv("BERTH_MEMORY_PROFILES")
+	if dir == "" {
+		return
+	}
+	data, err := bench.HeapProfile(context.Background(), addr)
+	if err != nil {
+		t.Errorf("the heap profile: %v", err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), data, 0o644); err != nil {
+		t.Error(err)
+	}
+}
+
+// floodPatience bounds the waits for berth to get through the flood: each of its writes of a
+// big TaskRun carries the whole object through the apiserver, which on a shared test machine
+// takes longer than Patience (stacktest) for them all.
+const floodPatience = 5 * time.Minute
+
+func floodEventually(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), time.Second, floodPatience, true, func(context.Context) (bool, error) {
+		ok, err := cond()
+		last = err
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("never: %s (last error: %v)", what, last)
+	}
+}
+
+// inflate is the tenant replacing the data of a secret in its namespace with 1 MiB.
+func inflate(t *testing.T, tn *stacktest.Tenant, name string) {
+	t.Helper()
+	var s corev1.Secret
+	if err := tn.Client.Get(context.Background(), client.ObjectKey{Namespace: tn.Namespace, Name: name}, &s); err != nil {
+		t.Fatalf("the tenant reading %s: %v", name, err)
+	}
+	s.Data = map[string][]byte{tenantBlobName: filler(maxSecretData - len(tenantBlobName))}
+	if err := tn.Client.Update(context.Background(), &s); err != nil {
+		t.Fatalf("the tenant inflating %s: %v", name, err)
+	}
+}
+
+// serves shows the controller still serving: a new task of another namespace gets its build
+// user on the slot the flood's cap leaves free, and lets it go when it ends.
+func serves(t *testing.T, tn *stacktest.Tenant, name string) {
+	t.Helper()
+	tr := tn.Create(t, tn.TaskRun(name, platform))
+	ready(t, tr)
+	finish(t, tr)
+	settled(t, tn.Namespace)
+}
+
+// waitingIn counts the TaskRuns of ns that carry berth's waiting label, reading metadata only
+// and from the apiserver's watch cache (resourceVersion 0): a list read from etcd would make
+// the apiserver read every 1.25 MiB TaskRun of the namespace, once a second.
+func waitingIn(ctx context.Context, ns string) (int, error) {
+	var list metav1.PartialObjectMetadataList
+	list.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRunList"))
+	if err := admin().List(ctx, &list, &client.ListOptions{Namespace: ns, Raw: &metav1.ListOptions{ResourceVersion: "0"}}, client.HasLabels{contract.WaitingForPlatformLabel}); err != nil {
+		return 0, err
+	}
+	return len(list.Items), nil
+}
+
+// parallel runs do(0..n-1) on floodWorkers goroutines; the first error fails the test.
+func parallel(t *testing.T, n int, do func(int) error) {
+	t.Helper()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	next := make(chan int)
+	for range floodWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := do(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = fmt.Errorf("object %d: %w", i, err)
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		t.Fatal(first)
+	}
+}
+
+func filler(n int) []byte { return []byte(strings.Repeat("x", n)) }
+
+func kib(n int64) string { return fmt.Sprintf("%.0f KiB", float64(n)/1024) }
+
+// startChild runs the built controller as its own process, the way the bench does, under the
+// shipped RBAC, serving pprof on a loopback port and the webhook where the stack's apiserver
+// calls it.
+func startChild(t *testing.T, bin string) (*bench.Child, string) {
+	t.Helper()
+	kubeconfig, err := stack.ControllerKubeconfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := bench.FreeLoopbackAddress()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := stack.Webhook
+	command := fmt.Sprintf("%s controller --kubeconfig %s --namespace %s --pprof-bind-address %s --metrics-bind-address=0 --health-probe-bind-address=0 --host-check-interval=0 --webhook-host %s --webhook-port %d --webhook-cert-dir %s",
+		bin, kubeconfig, devstack.Namespace, addr, w.Host, w.Port, w.CertDir)
+	// One heap sample per 4 KiB allocated (the default is 512 KiB), for splitHeap; and Go's
+	// default GC target, whatever this test's own environment says (TestMain).
+	command = "env GODEBUG=memprofilerate=4096 GOGC=100 " + command
+	log := filepath.Join(t.TempDir(), "controller.log")
+	child, err := bench.StartChild(command, kubeconfig, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Stop()
+		if t.Failed() {
+			if out, err := os.ReadFile(log); err == nil {
+				lines := strings.Split(string(out), "\n")
+				t.Logf("the controller's log ends:\n%s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
+			}
+		}
+	})
+	waitPprof(t, addr)
+	return child, addr
+}
+
+func waitPprof(t *testing.T, addr string) {
+	t.Helper()
+	eventually(t, "the controller serves pprof at "+addr, func() (bool, error) {
+		_, err := bench.LiveHeapBytes(context.Background(), addr)
+		return err == nil, nil
+	})
+}
+
+// heap is the controller's live heap after a GC, split into what it keeps and its watches'
+// wire buffers.
+type heap struct{ total, wire, kept int64 }
+
+// wireFrames are the functions whose allocations are a watch's wire buffers: an HTTP/2
+// stream's data received and not yet read, the JSON framer's read buffer, the streaming
+// decoder's frame buffer and the last event decoded from it. Each is about as large as the
+// largest objects the watch carried (etcd takes none over 1.5 MiB), or a few of them,
+// depending on how the stream's reads fell; never one per object.
+var wireFrames = []string{
+	"golang.org/x/net/http2.",
+	"net/http.(*http2",
+	"encoding/json.(*Decoder).refill",
+	"k8s.io/apimachinery/pkg/runtime/serializer/streaming.(*decoder).Decode",
+}
+
+// splitHeap reads the live heap (MemStats, exact) and the heap profile, whose samples of
+// wire buffers (see wireFrames) are the wire share; the rest is what berth keeps. The child
+// samples one allocation per 4 KiB (startChild), so the share is exact to a few KiB.
+func splitHeap(t *testing.T, addr string) heap {
+	t.Helper()
+	ctx := context.Background()
+	total, err := bench.LiveHeapBytes(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := bench.HeapProfile(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.ParseData(data)
+	if err != nil {
+		t.Fatalf("the heap profile: %v", err)
+	}
+	inuse := -1
+	for i, st := range p.SampleType {
+		if st.Type == "inuse_space" {
+			inuse = i
+		}
+	}
+	if inuse < 0 {
+		t.Fatal("the heap profile has no inuse_space")
+	}
+	var wire int64
+	for _, s := range p.Sample {
+		if onWire(s) {
+			wire += s.Value[inuse]
+		}
+	}
+	return heap{total: total, wire: wire, kept: total - wire}
+}
+
+func onWire(s *profile.Sample) bool {
+	for _, loc := range s.Location {
+		for _, line := range loc.Line {
+			for _, f := range wireFrames {
+				if line.Function != nil && strings.HasPrefix(line.Function.Name, f) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// shippedMemoryLimitMiB is the memory limit of the controller's container in the shipped
+// Deployment (config/manager).
+func shippedMemoryLimitMiB(t *testing.T) int64 {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "config", "manager", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := yaml.Unmarshal(data, &d); err != nil {
+		t.Fatalf("config/manager/deployment.yaml: %v", err)
+	}
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+			return q.Value() >> 20
+		}
+	}
+	t.Fatal("config/manager/deployment.yaml sets no memory limit")
+	return 0
+}
+
+// buildBerth builds berth from this tree; BERTH_MEMORY_TEST_BINARY names another build to
+// measure instead (say, one of main before a change, for comparison).
+func buildBerth(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("BERTH_MEMORY_TEST_BINARY"); bin != "" {
+		return bin
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "berth")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building berth: %v\n%s", err, out)
+	}
+	return bin
+}
