@@ -3,6 +3,7 @@ package controller
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -18,7 +19,21 @@ import (
 // figures are not readable on the wire.
 func metricsOptions(o Options) (metricsserver.Options, error) {
 	m := metricsserver.Options{BindAddress: o.MetricsAddress}
-	if !o.MetricsSecure || o.MetricsAddress == "0" {
+	if o.MetricsAddress == "0" {
+		return m, nil
+	}
+	// The metrics server listens only once the manager runs (after making its serving
+	// certificate and authorization filter), and when it cannot, the manager stops moments
+	// after the controller has passed for ready. An address another program holds is found
+	// here, before anything starts.
+	l, err := net.Listen("tcp", o.MetricsAddress)
+	if err != nil {
+		return m, fmt.Errorf("the metrics address: %w", err)
+	}
+	if err := l.Close(); err != nil {
+		return m, err
+	}
+	if !o.MetricsSecure {
 		return m, nil
 	}
 	if o.MetricsCertDir != "" {
