@@ -120,16 +120,14 @@ func onlyHost(t *testing.T, h *sshhosts.Host) {
 }
 
 // idsProcesses lists "pid uid name" of every live process of h any of whose UIDs lies in
-// [lo, hi], read from /proc in the host's PID namespace.
+// [lo, hi].
 func idsProcesses(t *testing.T, h *sshhosts.Host, lo, hi int64) string {
 	t.Helper()
-	out, err := h.Run(context.Background(), fmt.Sprintf(`cat /proc/[0-9]*/status 2>/dev/null | awk -v lo=%d -v hi=%d '
-		$1 == "Name:" { name = $2 } $1 == "Pid:" { pid = $2 } $1 == "State:" { st = $2 }
-		$1 == "Uid:" { for (i = 2; i <= 5; i++) if ($i + 0 >= lo && $i + 0 <= hi && st != "Z") { print pid, $i, name; break } }'`, lo, hi))
+	out, err := h.ProcessesOfIDs(context.Background(), lo, hi)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.TrimSpace(out)
+	return out
 }
 
 // buildHost is berth's record of the host named name; nil if it has none.

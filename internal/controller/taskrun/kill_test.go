@@ -14,7 +14,6 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
@@ -52,17 +51,7 @@ func kill9(t *testing.T, cmd *exec.Cmd) {
 
 func buildBerth(t *testing.T) string {
 	t.Helper()
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "berth")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building berth: %v\n%s", err, out)
-	}
-	return bin
+	return stacktest.BuildBerth(t)
 }
 
 // recordsIn counts the records of namespace ns by phase.

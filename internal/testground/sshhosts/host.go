@@ -451,6 +451,16 @@ func (h *Host) Dial(ctx context.Context, user string, signer ssh.Signer) (*ssh.C
 	return ssh.NewClient(c, chans, reqs), nil
 }
 
+// ProcessesOfIDs lists "pid uid name" of every live process on the host (read from /proc in
+// its PID namespace) any of whose real, effective, saved or filesystem UIDs lies in [lo, hi],
+// one a line.
+func (h *Host) ProcessesOfIDs(ctx context.Context, lo, hi int64) (string, error) {
+	out, err := h.Run(ctx, fmt.Sprintf(`cat /proc/[0-9]*/status 2>/dev/null | awk -v lo=%d -v hi=%d '
+		$1 == "Name:" { name = $2 } $1 == "Pid:" { pid = $2 } $1 == "State:" { st = $2 }
+		$1 == "Uid:" { for (i = 2; i <= 5; i++) if ($i + 0 >= lo && $i + 0 <= hi && st != "Z") { print pid, $i, name; break } }'`, lo, hi))
+	return strings.TrimSpace(out), err
+}
+
 // Run runs command as root with the fleet's admin key and returns its stdout. A failing
 // command's error carries its stderr.
 func (h *Host) Run(ctx context.Context, command string) (string, error) {

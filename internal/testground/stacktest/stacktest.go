@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
@@ -33,6 +34,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/testground/controlplane"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
@@ -412,4 +414,20 @@ func StateOf(ctx context.Context, c client.Reader, tr *pipelinev1.TaskRun) (hand
 	}
 	waiting, err = IsWaiting(ctx, c, tr)
 	return false, waiting, err
+}
+
+// BuildBerth builds berth's binary from this tree into the test's temporary directory.
+func BuildBerth(t *testing.T) string {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "berth")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building berth: %v\n%s", err, out)
+	}
+	return bin
 }
