@@ -71,13 +71,7 @@ func TestWaitingTaskRunsShowTheirPlaceInLine(t *testing.T) {
 	t.Cleanup(func() { restartController(t, controllerOptions()) })
 	applyConfig(t, 1, nil)
 	ns := namespace(t)
-	var fills []*pipelinev1.TaskRun
-	for i := range stackHosts {
-		fills = append(fills, create(t, userTaskRun(ns, fmt.Sprintf("fill-%d", i), platform, "")))
-	}
-	for _, tr := range fills {
-		ready(t, tr)
-	}
+	fills := fillEveryHost(t, ns)
 	var waiters []*pipelinev1.TaskRun
 	for i := range 4 {
 		waiters = append(waiters, create(t, userTaskRun(ns, fmt.Sprintf("wait-%d", i), platform, "")))
@@ -127,13 +121,7 @@ func positionsAre(t *testing.T, trs []*pipelinev1.TaskRun, want ...string) {
 func TestFullAnnotationsLeaveTheTaskServed(t *testing.T) {
 	applyConfig(t, 1, nil)
 	ns := namespace(t)
-	var fills []*pipelinev1.TaskRun
-	for i := range stackHosts {
-		fills = append(fills, create(t, userTaskRun(ns, fmt.Sprintf("fill-%d", i), platform, "")))
-	}
-	for _, tr := range fills {
-		ready(t, tr)
-	}
+	fills := fillEveryHost(t, ns)
 	full := userTaskRun(ns, "full", platform, "")
 	const key = "tenant.example/blob"
 	full.Annotations = map[string]string{key: strings.Repeat("x", apivalidation.TotalAnnotationSizeLimitB-len(key))}
@@ -166,4 +154,17 @@ func TestFullAnnotationsLeaveTheTaskServed(t *testing.T) {
 		finish(t, tr)
 	}
 	settled(t, ns)
+}
+
+// fillEveryHost takes every slot of the stack's hosts (one each) with a ready task of ns.
+func fillEveryHost(t *testing.T, ns string) []*pipelinev1.TaskRun {
+	t.Helper()
+	var fills []*pipelinev1.TaskRun
+	for i := range stackHosts {
+		fills = append(fills, create(t, userTaskRun(ns, fmt.Sprintf("fill-%d", i), platform, "")))
+	}
+	for _, tr := range fills {
+		ready(t, tr)
+	}
+	return fills
 }
