@@ -81,7 +81,7 @@ func (m mirrorState) apply(tr *pipelinev1.TaskRun) {
 		return
 	}
 	tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(m.platform)
-	if !m.bare && m.failed != "" || tr.Annotations[contract.FailedHostsAnnotation] != "" {
+	if !m.bare && (m.failed != "" || tr.Annotations[contract.FailedHostsAnnotation] != "") {
 		if tr.Annotations == nil {
 			tr.Annotations = map[string]string{}
 		}

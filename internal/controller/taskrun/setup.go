@@ -239,6 +239,9 @@ func CacheOptions(namespace string) cache.Options {
 // the value there is always stripSecret's, never a tenant's.
 const cachedDigestKey = "berth.dev/data-digest"
 
+// keptOwners bounds the owner references a cached task secret keeps (see stripSecret).
+const keptOwners = 4
+
 // sealLength is the length of a well-formed seal: a SHA-256 HMAC in standard base64.
 var sealLength = base64.StdEncoding.EncodedLen(sha256.Size)
 
@@ -247,9 +250,6 @@ var sealLength = base64.StdEncoding.EncodedLen(sha256.Size)
 // well-formed seal, a well-formed OTP token, and the digest of its data (a tenant may fill any
 // labelled secret with 1 MiB of data and 256 KiB of annotations). The seal is checked on the
 // digest (sealOf), and a tampering is told by it (guardSecret): neither needs the data.
-// keptOwners bounds the owner references a cached task secret keeps (see stripSecret).
-const keptOwners = 4
-
 func stripSecret(obj any) (any, error) {
 	s, ok := obj.(*corev1.Secret)
 	if !ok {
