@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,7 +13,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/repo"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
@@ -147,15 +146,9 @@ func quickProblems(r *Result) []string {
 }
 
 func buildBerthDev(t *testing.T) string {
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	bin := filepath.Join(t.TempDir(), "berth-dev")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/berth-dev")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building berth-dev: %v\n%s", err, out)
+	if err := repo.Build("./cmd/berth-dev", bin); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }

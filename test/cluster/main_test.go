@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -127,17 +126,8 @@ func flagGiven(name string) bool {
 
 // buildBerth builds the berth binary that steps of berth's image run.
 func buildBerth(dir string) (string, error) {
-	root, err := repo.Root()
-	if err != nil {
-		return "", err
-	}
 	bin := filepath.Join(dir, "berth")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building berth: %v\n%s", err, out)
-	}
-	return bin, nil
+	return bin, repo.Build("./cmd/berth", bin)
 }
 
 // stepLog collects the lines of every step. The stand-in runs TaskRuns side by side and writes

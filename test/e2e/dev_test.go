@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/repo"
 )
 
 // `make run` is `berth-dev dev`: it must come up, be reachable as printed, and leave nothing behind
@@ -337,10 +338,8 @@ func buildBerthDev(t *testing.T) (root, bin string) {
 	}
 	dir := t.TempDir()
 	for _, name := range []string{"berth", "berth-dev"} {
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("building %s: %v\n%s", name, err, out)
+		if err := repo.Build("./cmd/"+name, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
 		}
 	}
 	return root, filepath.Join(dir, "berth-dev")

@@ -5,7 +5,9 @@ package repo
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 )
 
@@ -29,4 +31,19 @@ func Root() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// Build compiles the package pkg of this checkout (a path such as ./cmd/berth) into the file
+// out; a failure carries the compiler's output.
+func Build(pkg, out string) error {
+	root, err := Root()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if output, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s: %v\n%s", pkg, err, output)
+	}
+	return nil
 }

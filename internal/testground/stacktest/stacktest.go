@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
@@ -34,7 +33,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/testground/repo"
 	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
@@ -150,8 +149,15 @@ func Options() controller.Options {
 // Eventually waits up to Patience for cond; the last error it returned is in the failure.
 func Eventually(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
+	EventuallyWithin(t, Patience, 50*time.Millisecond, what, cond)
+}
+
+// EventuallyWithin is Eventually with a patience and a polling interval of the caller's, for
+// waits on work that takes the apiserver minutes.
+func EventuallyWithin(t *testing.T, patience, interval time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
 	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, Patience, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), interval, patience, true, func(context.Context) (bool, error) {
 		ok, err := cond()
 		last = err
 		return ok, nil
@@ -419,15 +425,9 @@ func StateOf(ctx context.Context, c client.Reader, tr *pipelinev1.TaskRun) (hand
 // BuildBerth builds berth's binary from this tree into the test's temporary directory.
 func BuildBerth(t *testing.T) string {
 	t.Helper()
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	bin := filepath.Join(t.TempDir(), "berth")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/berth")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building berth: %v\n%s", err, out)
+	if err := repo.Build("./cmd/berth", bin); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }

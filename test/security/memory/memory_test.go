@@ -217,15 +217,7 @@ const floodPatience = 15 * time.Minute
 
 func floodEventually(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(context.Background(), time.Second, floodPatience, true, func(context.Context) (bool, error) {
-		ok, err := cond()
-		last = err
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("never: %s (last error: %v)", what, last)
-	}
+	stacktest.EventuallyWithin(t, floodPatience, time.Second, what, cond)
 }
 
 // inflate is the tenant replacing the data of a secret in its namespace with 1 MiB.
