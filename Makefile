@@ -4,7 +4,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 
 # Packages whose tests are cheap enough to also run under the race detector.
-RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/controller/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/testground/tektonstandin/... ./internal/testground/sshhosts/... ./internal/testground/vmcloud/... ./internal/cloud/...
+RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/dev/testground/tektonstandin/... ./internal/dev/testground/sshhosts/... ./internal/dev/testground/vmcloud/... ./internal/cloud/...
 
 .PHONY: all build test testbin prereqs run vet fuzz bench clean generate
 
@@ -47,7 +47,7 @@ vet:
 	@test -z "$$(gofmt -l cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
 
 ## test: every test, on a real control plane and real SSH hosts, among them the quick bench
-## (internal/bench TestQuickBench: each scenario at scale 0.05, failing only on correctness),
+## (internal/dev/bench TestQuickBench: each scenario at scale 0.05, failing only on correctness),
 ## whose figures are printed at the end
 QUICK_BENCH_REPORT := $(CURDIR)/.berth/quick-bench.txt
 test: prereqs testbin vet

@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"github.com/berth-ci/berth/internal/devcli"
+	"github.com/berth-ci/berth/internal/dev/devcli"
 )
 
 func main() {

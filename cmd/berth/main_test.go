@@ -17,11 +17,7 @@ func TestLinksNoDevelopmentCode(t *testing.T) {
 		t.Fatalf("go list -deps: %v", err)
 	}
 	forbidden := []string{
-		"github.com/berth-ci/berth/internal/testground",
-		"github.com/berth-ci/berth/internal/devstack",
-		"github.com/berth-ci/berth/internal/devcli",
-		"github.com/berth-ci/berth/internal/bench",
-		"github.com/berth-ci/berth/internal/cloud/localvm",
+		"github.com/berth-ci/berth/internal/dev",
 		"github.com/berth-ci/berth/internal/cloud/cloudfake",
 		"gonum.org/v1/plot",
 	}

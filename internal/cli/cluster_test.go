@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // installServiceCRDs installs the CRDs of the space and cluster-templates services

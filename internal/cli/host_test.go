@@ -12,9 +12,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
 // hostStepEnv is a user TaskRun, the admin key as the ssh workspace would mount it, and a

@@ -1,5 +1,5 @@
 // Package cli is the production berth's command line: one cobra command per real capability.
-// The development commands (dev, bench) are berth-dev's, in internal/devcli.
+// The development commands (dev, bench) are berth-dev's, in internal/dev/devcli.
 package cli
 
 import (

@@ -23,7 +23,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/kubescheme"
 	"github.com/berth-ci/berth/internal/status"
 )

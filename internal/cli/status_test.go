@@ -25,9 +25,9 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/status"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
 )
 
 // statusEnv is berth's namespace holding a config and records as the controller writes them:

@@ -11,7 +11,7 @@ import (
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // The Tasks berth ships must be what the apiserver accepts, declare the params berth's

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-ci/berth/internal/testground/realdata"
+	"github.com/berth-ci/berth/internal/dev/testground/realdata"
 )
 
 // knownBare pins what ../shared/real/README.md says of the files it names, so a loader that

@@ -2,7 +2,7 @@ package controller
 
 // The cloud providers this controller can launch VMs with: each registers its type by being
 // imported here, one line per provider. local-vm, the test ground's VM cloud, is not one of
-// them: berth-dev (internal/devcli) and the dev stack register it, so that the production
+// them: berth-dev (internal/dev/devcli) and the dev stack register it, so that the production
 // berth links no test ground.
 import (
 	_ "github.com/berth-ci/berth/internal/cloud/awsec2"

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 var cp *controlplane.ControlPlane

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-ci/berth/internal/dev/testground/sshfake"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/remote"
-	"github.com/berth-ci/berth/internal/testground/sshfake"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
 // A command line is public on a host: any user may read every process's arguments (ps, /proc).

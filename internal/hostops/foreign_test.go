@@ -8,8 +8,8 @@ import (
 	"testing"
 	"unicode/utf16"
 
+	"github.com/berth-ci/berth/internal/dev/testground/sshfake"
 	"github.com/berth-ci/berth/internal/remote"
-	"github.com/berth-ci/berth/internal/testground/sshfake"
 )
 
 // No Windows or macOS host runs here, so these tests hold berth to what it sends such a host

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/remote"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
 )
 
 func TestMain(m *testing.M) {

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/testground/sshfake"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/dev/testground/sshfake"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
 
 // keyAlgorithms are, per key type, the SSH key type name and the signature algorithms a client

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
 
 // provisionIn creates a build user whose IDs come from ids (the default range when zero).

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
 
 func TestUpdateReportsAFullDisk(t *testing.T) {

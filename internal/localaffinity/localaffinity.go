@@ -15,6 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
+// WebhookName is the name of the MutatingWebhookConfiguration that registers the webhook
+// adding the requirement: the controller names it in the error a task without it gets.
+const WebhookName = "webhook.platform-affinity.berth.dev"
+
 // Node is what a platform asks of a node: the values of its kubernetes.io/os and
 // kubernetes.io/arch labels.
 type Node struct {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-ci/berth/internal/dev/testground/sshfake"
 	"github.com/berth-ci/berth/internal/remote"
-	"github.com/berth-ci/berth/internal/testground/sshfake"
 )
 
 func TestPoolReusesConnectionsAndRedialsDroppedOnes(t *testing.T) {

@@ -22,14 +22,14 @@ import (
 
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/localaffinity"
 )
 
 // How config/webhook registers the webhook: the MutatingWebhookConfiguration's name, and the
 // path it is served at.
 const (
-	ConfigurationName = "webhook.platform-affinity.berth.dev"
+	ConfigurationName = localaffinity.WebhookName
 	AffinityPath      = "/mutate-tekton-dev-v1-taskrun-platform-affinity"
 )
 

@@ -25,9 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/caasstandin"
-	"github.com/berth-ci/berth/internal/testground/repo"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/caasstandin"
+	"github.com/berth-ci/berth/internal/dev/testground/repo"
 )
 
 var stack *devstack.Stack

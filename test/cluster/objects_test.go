@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/testground/caasstandin"
+	"github.com/berth-ci/berth/internal/dev/testground/caasstandin"
 )
 
 // The cluster-templates service's kinds, as the tests read and make them.

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // fieldManager is who the test applies as, as kubectl apply --server-side is "kubectl".

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/berth-ci/berth/internal/testground/repo"
+	"github.com/berth-ci/berth/internal/dev/testground/repo"
 )
 
 // The kustomizations users apply.

@@ -10,9 +10,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
-	"github.com/berth-ci/berth/internal/testground/vmcloud"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 )
 
 // A platform moved to another cloud (here from the local VM cloud to EC2) keeps reaching the

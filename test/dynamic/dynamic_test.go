@@ -12,9 +12,9 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	berthcloud "github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
-	"github.com/berth-ci/berth/internal/testground/vmcloud"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 )
 
 // providers are the clouds the scenarios run on: berth's local VM cloud, and the EC2

@@ -10,11 +10,11 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	berthcloud "github.com/berth-ci/berth/internal/cloud"
-	"github.com/berth-ci/berth/internal/cloud/localvm"
 	"github.com/berth-ci/berth/internal/controller/vms"
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
-	"github.com/berth-ci/berth/internal/testground/vmcloud"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/localvm"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 	corev1 "k8s.io/api/core/v1"
 )
 

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 )
 
 // A real overlay (production-downstream-kflux-lw-p01 in ../shared/real) ships the placeholders

@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/testground/controlplane"
-	"github.com/berth-ci/berth/internal/testground/repo"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/repo"
 )
 
 // `make run` is `berth-dev dev`: it must come up, be reachable as printed, and leave nothing behind

@@ -22,9 +22,9 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 func mirrorReverted(t *testing.T, tr *pipelinev1.TaskRun) bool {

@@ -24,12 +24,12 @@ import (
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/otp"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
-	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
 // keyAuditLog is the apiserver's record of every request for a Secret of berth's namespace,

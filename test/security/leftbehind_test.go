@@ -14,8 +14,8 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller"
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
 
 // leaveBehind is what a hostile build runs before its task ends: a rootless user namespace of

@@ -27,11 +27,11 @@ import (
 
 	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/repo"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/testground/repo"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 var stack *devstack.Stack

@@ -19,9 +19,9 @@ import (
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/cloud/cloudfake"
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/testground/ec2fake"
-	"github.com/berth-ci/berth/internal/testground/realdata"
-	"github.com/berth-ci/berth/internal/testground/vmcloud"
+	"github.com/berth-ci/berth/internal/dev/testground/ec2fake"
+	"github.com/berth-ci/berth/internal/dev/testground/realdata"
+	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 )
 
 const (

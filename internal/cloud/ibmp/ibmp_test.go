@@ -13,9 +13,9 @@ import (
 
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/cloud/ibmiam"
-	"github.com/berth-ci/berth/internal/testground/iamfake"
-	"github.com/berth-ci/berth/internal/testground/powerfake"
-	"github.com/berth-ci/berth/internal/testground/vmcloud"
+	"github.com/berth-ci/berth/internal/dev/testground/iamfake"
+	"github.com/berth-ci/berth/internal/dev/testground/powerfake"
+	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 )
 
 const (

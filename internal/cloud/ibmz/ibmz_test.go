@@ -11,9 +11,9 @@ import (
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/cloud/cloudfake"
 	"github.com/berth-ci/berth/internal/cloud/ibmz"
-	"github.com/berth-ci/berth/internal/testground/iamfake"
-	"github.com/berth-ci/berth/internal/testground/vmcloud"
-	"github.com/berth-ci/berth/internal/testground/vpcfake"
+	"github.com/berth-ci/berth/internal/dev/testground/iamfake"
+	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
+	"github.com/berth-ci/berth/internal/dev/testground/vpcfake"
 )
 
 const (

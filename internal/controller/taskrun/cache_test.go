@@ -12,8 +12,8 @@ import (
 
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // Admin key secrets that carry the task secrets' label (the controller berth replaces requires

@@ -17,9 +17,9 @@ import (
 
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // keyTypeLogins are, per user-key-type, the SSH key type the secret's id_rsa must hold and

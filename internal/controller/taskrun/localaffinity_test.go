@@ -15,8 +15,8 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/webhook"
 )

@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/warning"
 )
 

@@ -15,11 +15,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
-	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
 // The build step of buildah-remote 0.10 with the OTP option, as the real task does it: redeem

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/berth-ci/berth/internal/allocation"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
 func taskRunNamed(name string) *pipelinev1.TaskRun {

@@ -28,7 +28,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/warning"

@@ -15,12 +15,12 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
-	"github.com/berth-ci/berth/internal/devstack"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/hostops"
-	"github.com/berth-ci/berth/internal/testground/sshhosts"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
 )
 
 // recordOf reads the Allocation of a TaskRun.

@@ -37,7 +37,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/otp"
 	"github.com/berth-ci/berth/internal/provision"

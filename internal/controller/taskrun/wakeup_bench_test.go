@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 )
 
 // BenchmarkWakeUp measures how long a freed slot stays empty while a task waits for it: from the

@@ -22,7 +22,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/warning"
 )

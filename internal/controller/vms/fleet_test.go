@@ -12,8 +12,8 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
 	"github.com/berth-ci/berth/internal/fleet"
+	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
 type noTasks struct{}

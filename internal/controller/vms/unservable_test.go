@@ -10,7 +10,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/controller/hostconfig"
+	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
 // Refusals as the providers word them for the operator (see awsec2.failure, ibmp.classify,

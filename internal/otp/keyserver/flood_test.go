@@ -17,9 +17,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
 	"github.com/berth-ci/berth/internal/otp"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
-	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
 // apiCounter counts the requests a client sends to the apiserver.

@@ -30,11 +30,11 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/rbac"
+	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
-	"github.com/berth-ci/berth/internal/testground/rbac"
-	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
 // The package's tests share one control plane, with berth's RBAC applied: the key server runs

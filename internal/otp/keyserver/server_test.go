@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-ci/berth/internal/cli"
+	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
-	"github.com/berth-ci/berth/internal/testground/tlscerts"
 )
 
 // Keys outlive the server: one stored through a server that is then stopped (without a word

@@ -22,11 +22,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/berth-ci/berth/internal/bench"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/devstack"
-	"github.com/berth-ci/berth/internal/testground/controlplane"
-	"github.com/berth-ci/berth/internal/testground/stacktest"
+	"github.com/berth-ci/berth/internal/dev/bench"
+	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 )
 
 // The sizes a tenant can give its objects, each as large as the apiserver takes it:
