@@ -23,9 +23,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
-	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/controller/vms"
 	"github.com/berth-ci/berth/internal/hostconfig"
@@ -236,9 +236,13 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	// RSA keys are made ahead, off the reconcile that reserves a slot (see KeyStock).
 	keys := hostops.NewKeyStock(keyStockSize)
 	store.OnChange(func(cfg *config.Config) { keys.Prepare(cfg.UserKeyType) })
+	// One ledger of what berth can hand out, with its wake-ups, for the task controller and
+	// the VM fleet alike.
+	slots := capacity.New()
+	slots.Publish()
 	reconciler := &taskrun.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
-		Ledger: allocation.New(), Recorder: recorder, NewKey: keys.NewKey,
+		Capacity: slots, Recorder: recorder, NewKey: keys.NewKey,
 		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
 		PositionInterval: o.QueuePositionInterval,
 	}
@@ -266,7 +270,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	}
 	fleet := &vms.Fleet{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
-		Ledger: reconciler.Ledger, Recorder: recorder, Tasks: reconciler,
+		Capacity: slots, Recorder: recorder, Debts: reconciler,
 		Prober:        vms.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
 		Secret:        secretReader(mgr.GetAPIReader(), o.Namespace),
 		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace, PlanInterval: o.VMPlanInterval, Now: o.Clock,

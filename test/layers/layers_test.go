@@ -1,5 +1,5 @@
 // Package layers_test holds berth's packages to their layers: the domain at the bottom, then
-// the adapters (Kubernetes records, SSH, clouds), the owners (one controller per concern),
+// the adapters (Kubernetes records, SSH, clouds), the capacity the owners share, the owners (one controller per concern),
 // the wiring and the commands; the dev wing (test ground, dev stack, bench, dev CLI) above all
 // of the product. A package imports only from layers below its own, so the product never
 // links the dev wing and a lower floor never learns of a higher one. docs/architecture.md
@@ -42,6 +42,8 @@ var layers = []layer{
 		"internal/taskgen/...", "internal/status/...", "internal/otp/keyserver/...",
 		"internal/hostconfig/...",
 	}},
+	// What the owners share: the ledger and its wake-ups.
+	{name: "capacity", units: []unit{"internal/controller/capacity/..."}},
 	{name: "owners", alone: true, units: []unit{
 		"internal/controller/taskrun/...", "internal/controller/vms/...", "internal/webhook/...",
 	}},

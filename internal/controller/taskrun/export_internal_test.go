@@ -10,6 +10,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
@@ -27,7 +28,7 @@ var TestFailed = testFailed
 func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *config.Config, platform string) ([]allocation.Task, error) {
 	store := hostconfig.NewStore()
 	store.Apply(cfg)
-	r := &Reconciler{Client: c, APIReader: c, Namespace: namespace, Config: store, Ledger: allocation.New()}
+	r := &Reconciler{Client: c, APIReader: c, Namespace: namespace, Config: store, Capacity: capacity.New()}
 	var records berthv1.AllocationList
 	if err := c.List(ctx, &records, client.InNamespace(namespace)); err != nil {
 		return nil, err
@@ -38,5 +39,5 @@ func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *c
 	if err := r.restoreQueue(ctx, records.Items); err != nil {
 		return nil, err
 	}
-	return r.Ledger.Queue(platform), nil
+	return r.Capacity.Queue(platform), nil
 }

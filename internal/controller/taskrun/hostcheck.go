@@ -228,7 +228,7 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 
 // syncHost tells the ledger whether the host takes new builds.
 func (r *Reconciler) syncHost(bh *berthv1.BuildHost) {
-	r.wake(r.Ledger.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined))
+	r.Capacity.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
 }
 
 // HostRecords applies what operators do to BuildHost records (drain, undrain, forget).

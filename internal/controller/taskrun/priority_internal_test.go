@@ -2,7 +2,9 @@ package taskrun
 
 import (
 	"context"
+	"runtime"
 	"testing"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
@@ -31,7 +34,8 @@ func doneTaskRun(name string) *pipelinev1.TaskRun {
 // has just ended are handed to a worker before arrivals queued earlier; an ended TaskRun's later
 // events (berth's own patch taking its finalizer off) are not, nor one a start finds ended.
 func TestHandOversGoBeforeArrivals(t *testing.T) {
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	q := priorityqueue.New[reconcile.Request]("test")
 	defer q.ShutDown()
 	arrivals := &handler.EnqueueRequestForObject{}
@@ -39,14 +43,24 @@ func TestHandOversGoBeforeArrivals(t *testing.T) {
 		arrivals.Create(ctx, event.CreateEvent{Object: taskRunNamed(name)}, q)
 	}
 	// No config in force: firstLook leaves arrivals to their reconcile.
-	r := &Reconciler{Config: hostconfig.NewStore(), Ledger: allocation.New()}
+	slots := capacity.New()
+	r := &Reconciler{Config: hostconfig.NewStore(), Capacity: slots}
 	look := r.firstLook()
 	look.Update(ctx, event.UpdateEvent{ObjectOld: taskRunNamed("again"), ObjectNew: doneTaskRun("again")}, q)
 	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("again"), ObjectNew: doneTaskRun("again")}, q)
 	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("patched"), ObjectNew: doneTaskRun("patched")}, q)
 	look.Create(ctx, event.CreateEvent{Object: taskRunNamed("a4")}, q)
 	look.Create(ctx, event.CreateEvent{Object: doneTaskRun("long-ended"), IsInInitialList: true}, q)
-	wakeHandler().Generic(ctx, event.GenericEvent{Object: taskRunNamed("woken")}, q)
+	// A wake-up, through the channel source the controller watches.
+	if err := slots.Source(handOverPriority).Start(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	slots.Wake(allocation.Task{Namespace: "team", Name: "woken"})
+	for deadline := time.Now().Add(time.Minute); q.Len() < 5; runtime.Gosched() {
+		if time.Now().After(deadline) { // the source's goroutine never moved it into the queue
+			t.Fatalf("the wake-up never reached the queue (%d items)", q.Len())
+		}
+	}
 
 	var order []string
 	var first []int

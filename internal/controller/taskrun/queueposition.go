@@ -52,7 +52,7 @@ func (r *Reconciler) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocati
 		return 0
 	}
 	mark, marked := r.positionMark(tr)
-	now := r.Ledger.Position(rec.Spec.Platform, taskOf(tr))
+	now := r.Capacity.Position(rec.Spec.Platform, taskOf(tr))
 	switch {
 	case now == 0:
 		// Not queued in the ledger at this instant (between a release and the next Acquire):
@@ -110,7 +110,7 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 				r.send(r.refreshes, task.Namespace, task.Name)
 			}
 			for _, task := range r.unshownWaiters(waiters, unshownPerLook) {
-				r.wakeKey(task.Namespace, task.Name)
+				r.Capacity.Wake(task)
 			}
 		}
 	}
@@ -151,8 +151,8 @@ type placed struct {
 // what one look of the refresh loop reads, once for both of its picks.
 func (r *Reconciler) waiterPlaces() []placed {
 	var out []placed
-	for platform := range r.Ledger.Waiting() {
-		for i, task := range r.Ledger.Queue(platform) {
+	for platform := range r.Capacity.Waiting() {
+		for i, task := range r.Capacity.Queue(platform) {
 			out = append(out, placed{task, i + 1})
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -21,8 +22,8 @@ func task(i int) allocation.Task {
 
 // oneSlotLedger has one host of one slot on linux/s390x, held by task 0, and tasks 1..n-1
 // waiting in the order of their creation.
-func oneSlotLedger(n int) *allocation.Ledger {
-	l := allocation.New()
+func oneSlotLedger(n int) *capacity.Capacity {
+	l := capacity.New()
 	l.SetHosts([]allocation.Host{{Name: "a", Platform: "linux/s390x", Capacity: 1}})
 	for i := range n {
 		l.Acquire(allocation.Request{Task: task(i), Platform: "linux/s390x", Created: t0.Add(time.Duration(i) * time.Second)})
@@ -34,7 +35,7 @@ func oneSlotLedger(n int) *allocation.Ledger {
 // refresh loop made it due, once.
 func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
 	l := oneSlotLedger(3)
-	r := &Reconciler{Ledger: l, PositionInterval: time.Minute, now: func() time.Time { return t0 }}
+	r := &Reconciler{Capacity: l, PositionInterval: time.Minute, now: func() time.Time { return t0 }}
 	tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "t2", UID: "uid-2"}}
 	rec := &berthv1.Allocation{Spec: berthv1.AllocationSpec{Platform: "linux/s390x"}}
 	if got := r.queuePosition(tr, rec); got != 2 {
@@ -62,7 +63,7 @@ func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
 func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
 	l := oneSlotLedger(6)
 	now := t0.Add(time.Minute)
-	r := &Reconciler{Ledger: l, PositionInterval: 10 * time.Second, now: func() time.Time { return now }}
+	r := &Reconciler{Capacity: l, PositionInterval: 10 * time.Second, now: func() time.Time { return now }}
 	// t1..t5 wait at 1..5; shown: t1 at 2 (moved), t2 at 2 (unmoved), t3 at 4 (moved, written
 	// just now), t4 at 5 (moved), t5 at 6 (moved); and a mark of t0, which holds the slot.
 	for i, mark := range map[int]positionMark{0: {position: 1, at: t0}, 1: {position: 2, at: t0}, 2: {position: 2, at: t0},
@@ -81,7 +82,7 @@ func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
 // first and within the budget; one shown meanwhile, or served, is not.
 func TestRefreshPutsFirstWaitersLeftUnlabelled(t *testing.T) {
 	l := oneSlotLedger(6) // t0 holds the slot, t1..t5 wait
-	r := &Reconciler{Ledger: l, PositionInterval: 10 * time.Second, now: func() time.Time { return t0 }}
+	r := &Reconciler{Capacity: l, PositionInterval: 10 * time.Second, now: func() time.Time { return t0 }}
 	r.positions.Store(task(2), positionMark{position: 2, at: t0}) // t2 was shown its place
 	if got := r.unshownWaiters(r.waiterPlaces(), 2); len(got) != 0 {
 		t.Fatalf("at the first look woke %s; a waiter gets a look's time to be labelled", got)

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -28,6 +27,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/provision"
@@ -43,10 +43,11 @@ type Reconciler struct {
 	// Client reads from the cache (stripped TaskRuns, berth's own secrets, records) and writes.
 	Client client.Client
 	// APIReader reads past the cache, where a stale read would cost a wrong decision.
-	APIReader   client.Reader
-	Namespace   string // the controller's: records, config, admin secrets
-	Config      *hostconfig.Store
-	Ledger      *allocation.Ledger
+	APIReader client.Reader
+	Namespace string // the controller's: records, config, admin secrets
+	Config    *hostconfig.Store
+	// Capacity is the ledger and its wake-ups, shared with the VM fleet.
+	Capacity    *capacity.Capacity
 	Recorder    events.EventRecorder
 	Provisioner provision.Provisioner
 	NewKey      KeyPair
@@ -68,11 +69,9 @@ type Reconciler struct {
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
 
-	wakeups chan event.GenericEvent
 	// refreshes carries the wake-ups of the position refresh, which go in line with the rest.
 	refreshes chan event.GenericEvent
 	restore   sync.Mutex
-	restored  atomic.Bool
 	keys      sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready     sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
 	mirrors   sync.Map // TaskRun UID → mirrorState berth last wrote
@@ -198,20 +197,6 @@ func (o *outcomes) result() (reconcile.Result, error) { return o.res, o.err }
 // errStale says the cache has not yet caught up with berth's own last write.
 var errStale = errors.New("cache behind berth's own write")
 
-// wake reconciles TaskRuns that can go on now, at once: this, not polling, is how a freed slot
-// or an ended host job reaches its task. It never blocks and never drops a wake-up.
-func (r *Reconciler) wake(tasks []allocation.Task) {
-	for _, t := range tasks {
-		if strings.HasPrefix(t.Name, debtPrefix) {
-			continue // a cleanup debt; its record's TaskRun name is woken by its job
-		}
-		r.wakeKey(t.Namespace, t.Name)
-	}
-}
-
-// wakeKey reconciles one TaskRun name before the arrivals in line (see handOverPriority).
-func (r *Reconciler) wakeKey(namespace, name string) { r.send(r.wakeups, namespace, name) }
-
 // send puts the TaskRun's name on a wake-up channel without blocking.
 func (r *Reconciler) send(ch chan event.GenericEvent, namespace, name string) {
 	tr := &pipelinev1.TaskRun{}
@@ -227,7 +212,7 @@ func (r *Reconciler) send(ch chan event.GenericEvent, namespace, name string) {
 // Notify is the provisioner's way back: a host job of the TaskRun namespace/name ended.
 func (r *Reconciler) Notify(key string) {
 	ns, name, _ := strings.Cut(key, "/")
-	r.wakeKey(ns, name)
+	r.Capacity.Wake(allocation.Task{Namespace: ns, Name: name})
 }
 
 // event tells the TaskRun's owner what berth did or why it waits (an Event on the TaskRun)
@@ -277,9 +262,3 @@ func (r *Reconciler) secretOf(ctx context.Context, namespace, name string) (*cor
 	}
 	return &s, nil
 }
-
-// Wake reconciles the tasks now (for the VM fleet: a VM became ready, or a launch failed).
-func (r *Reconciler) Wake(tasks []allocation.Task) { r.wake(tasks) }
-
-// Restored tells whether the ledger has been rebuilt from the records.
-func (r *Reconciler) Restored() bool { return r.restored.Load() }

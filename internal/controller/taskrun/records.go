@@ -17,6 +17,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/provision"
 )
 
@@ -79,10 +80,8 @@ func taskOfRecord(rec *berthv1.Allocation) allocation.Task {
 // the TaskRun's namespace, so that it counts against max-tasks-per-namespace until the host is
 // clean; the "/" in its name keeps it apart from every TaskRun.
 func debtTask(rec *berthv1.Allocation, user string) allocation.Task {
-	return allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: debtPrefix + string(rec.Spec.TaskRun.UID) + "/" + user}
+	return allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: capacity.DebtPrefix + string(rec.Spec.TaskRun.UID) + "/" + user}
 }
-
-const debtPrefix = "debt/"
 
 // job is the host work for one build user of the record.
 func job(rec *berthv1.Allocation, login berthv1.HostLogin, user string) provision.Job {

@@ -28,12 +28,12 @@ const SwitchoverMarker = "berth-switchover"
 // decision: who holds which slot, who waits in which order, which cleanups still hold slots.
 // It needs the config (which hosts exist) and nothing else. Reconciles wait for it.
 func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
-	if r.restored.Load() {
+	if r.Capacity.Restored() {
 		return true, nil
 	}
 	r.restore.Lock()
 	defer r.restore.Unlock()
-	if r.restored.Load() {
+	if r.Capacity.Restored() {
 		return true, nil
 	}
 	if !r.Config.Synced() {
@@ -70,10 +70,10 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 	if err := r.adoptOnce(ctx); err != nil {
 		return false, err
 	}
-	r.restored.Store(true)
+	r.Capacity.MarkRestored()
 	for i := range list.Items {
 		ref := list.Items[i].Spec.TaskRun
-		r.wakeKey(ref.Namespace, ref.Name)
+		r.Capacity.Wake(allocation.Task{Namespace: ref.Namespace, Name: ref.Name})
 	}
 	return true, nil
 }
@@ -107,7 +107,7 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 		if req, ok, err := r.lineRequest(ctx, cfg, tr); err != nil {
 			return err
 		} else if ok {
-			r.Ledger.Enqueue(req)
+			r.Capacity.Enqueue(req)
 		}
 	}
 	return nil
@@ -139,22 +139,22 @@ func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pi
 // Every event of a task the ledger knows (waiting or holding) ends at the first check, so
 // only arrivals cost the cache reads.
 func (r *Reconciler) joinLine(ctx context.Context, tr *pipelinev1.TaskRun) bool {
-	if !r.restored.Load() || r.Ledger.Knows(taskOf(tr), contract.Platform(tr)) {
+	if !r.Capacity.Restored() || r.Capacity.Knows(taskOf(tr), contract.Platform(tr)) {
 		return false
 	}
 	if records, err := r.recordsOf(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
 		return false
 	}
 	req, ok, err := r.lineRequest(ctx, r.Config.Config(), tr)
-	return err == nil && ok && r.Ledger.Join(req)
+	return err == nil && ok && r.Capacity.Join(req)
 }
 
 // leaveLine takes a task that holds no slot out of its line: it was refused or answered
 // without one, and must not stand first in line for a slot it will never take.
 func (r *Reconciler) leaveLine(tr *pipelinev1.TaskRun) {
 	task := taskOf(tr)
-	if _, held := r.Ledger.Holder(task); !held {
-		r.wake(r.Ledger.Release(task))
+	if _, held := r.Capacity.Holder(task); !held {
+		r.Capacity.Release(task)
 	}
 }
 
@@ -172,7 +172,7 @@ func (r *Reconciler) restoreTurns(records []berthv1.Allocation) {
 		return a.Status.ReservedAt.Time.Compare(b.Status.ReservedAt.Time)
 	})
 	for _, rec := range reserved {
-		r.Ledger.RestoreTurn(rec.Spec.Platform, rec.Spec.TaskRun.Namespace)
+		r.Capacity.RestoreTurn(rec.Spec.Platform, rec.Spec.TaskRun.Namespace)
 	}
 }
 
@@ -190,14 +190,14 @@ func (r *Reconciler) restoreRecord(rec *berthv1.Allocation, superseded bool) {
 		if superseded {
 			task = debtTask(rec, rec.Status.BuildUser)
 		}
-		r.Ledger.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
+		r.Capacity.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
 	case berthv1.PhaseWaiting:
-		r.Ledger.Enqueue(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+		r.Capacity.Enqueue(allocation.Request{Task: task, Platform: rec.Spec.Platform,
 			Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
 	}
 	for _, d := range rec.Status.Debts {
 		if d.HoldsSlot {
-			r.Ledger.Restore(debtTask(rec, d.BuildUser), d.Host, d.Platform)
+			r.Capacity.Restore(debtTask(rec, d.BuildUser), d.Host, d.Platform)
 		}
 	}
 }
@@ -263,7 +263,7 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 	// The labels are still the tenant's to write: they may name a full host. The controller
 	// berth replaces never over-committed, so a task beyond the host's concurrency was not
 	// really there; it is served like a new task instead.
-	if !r.Ledger.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
+	if !r.Capacity.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
 		r.event(ctx, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
 		return false, nil
 	}
@@ -273,7 +273,7 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
 		ReservedAt: r.microStamp()}
 	if err := r.Client.Create(ctx, rec); err != nil {
-		r.Ledger.Release(taskOf(tr))
+		r.Capacity.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
 	r.event(ctx, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)

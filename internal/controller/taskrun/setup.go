@@ -19,14 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/ptr"
 	"knative.dev/pkg/apis"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -37,6 +35,7 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/otp"
@@ -46,9 +45,7 @@ import (
 // SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
 // TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	r.wakeups = make(chan event.GenericEvent, 4096)
 	r.refreshes = make(chan event.GenericEvent, positionWritesPerInterval)
-	occupancy.ledger.Store(r.Ledger)
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -63,12 +60,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		r.APIReader = mgr.GetAPIReader()
 	}
 	r.Config.OnChange(func(cfg *config.Config) {
-		r.wake(r.Ledger.SetHosts(ledgerHosts(cfg)))
-		r.wake(r.Ledger.SetNamespaceCaps(namespaceCaps(cfg)))
+		r.Capacity.SetHosts(ledgerHosts(cfg))
+		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))
 	})
 	if cfg := r.Config.Config(); cfg != nil {
-		r.Ledger.SetHosts(ledgerHosts(cfg))
-		r.Ledger.SetNamespaceCaps(namespaceCaps(cfg))
+		r.Capacity.SetHosts(ledgerHosts(cfg))
+		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey); err != nil {
 		return err
@@ -83,7 +80,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
 		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
-		WatchesRawSource(source.Channel(r.wakeups, wakeHandler())).
+		WatchesRawSource(r.Capacity.Source(handOverPriority)).
 		WatchesRawSource(source.Channel(r.refreshes, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
@@ -109,23 +106,11 @@ const handOverPriority = 10
 
 // addFirst queues the reconcile of the object's name with handOverPriority.
 func addFirst(q workqueue.TypedRateLimitingInterface[reconcile.Request], o client.Object) {
-	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}
-	if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
-		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handOverPriority)}, req)
-		return
-	}
-	q.Add(req)
+	capacity.AddAt(q, client.ObjectKeyFromObject(o), handOverPriority)
 }
 
 // ended tells a TaskRun whose end frees what it held: finished, or being deleted.
 func ended(tr *pipelinev1.TaskRun) bool { return tr.IsDone() || tr.DeletionTimestamp != nil }
-
-// wakeHandler queues every wake-up first.
-func wakeHandler() handler.EventHandler {
-	return handler.Funcs{GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		addFirst(q, e.Object)
-	}}
-}
 
 // firstLook sees a user TaskRun's event before any reconcile: one that ended or went is queued
 // first (its end frees a slot); any other joins its line (joinLine), and goes first when a

@@ -165,9 +165,8 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 // user before anything happens on the host; only once it is written does provisioning start.
 func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	task := taskOf(tr)
-	grant := r.Ledger.Acquire(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+	grant := r.Capacity.Acquire(allocation.Request{Task: task, Platform: rec.Spec.Platform,
 		Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
-	r.wake(grant.Wake)
 	switch {
 	case grant.Blocked:
 		return r.giveUp(ctx, tr, rec, "AllHostsFailed", fmt.Sprintf(
@@ -178,12 +177,12 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	}
 	login, ok := r.strategyOf(rec).login(grant.Host)
 	if !ok {
-		r.wake(r.Ledger.Release(task))
+		r.Capacity.Release(task)
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	private, authorized, err := r.NewKey(r.keyType(), tr.Namespace+"/"+tr.Name)
 	if err != nil {
-		r.wake(r.Ledger.Release(task))
+		r.Capacity.Release(task)
 		return reconcile.Result{}, err
 	}
 	next := rec.DeepCopy()
@@ -195,7 +194,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.ReservedAt = r.microStamp()
 	if len(next.Status.SealKey) == 0 {
 		if next.Status.SealKey, err = newSealKey(); err != nil {
-			r.wake(r.Ledger.Release(task))
+			r.Capacity.Release(task)
 			return reconcile.Result{}, err
 		}
 	}
@@ -203,7 +202,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 		// A reservation made just now and not recorded is not held. One made by an earlier
 		// reconcile is recorded already (this one read a stale copy): it stays.
 		if !grant.Held {
-			r.wake(r.Ledger.Release(task))
+			r.Capacity.Release(task)
 		}
 		return reconcile.Result{}, err
 	}
@@ -237,14 +236,14 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	if r.WaitTimeout > 0 {
 		// Counted from creation: the same answer after a restart.
 		if left = r.WaitTimeout - r.now().Sub(tr.CreationTimestamp.Time); left <= 0 {
-			r.wake(r.Ledger.Release(taskOf(tr)))
+			r.Capacity.Release(taskOf(tr))
 			return r.giveUp(ctx, tr, rec, "WaitTimeout", fmt.Sprintf(
 				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
 		}
 	}
 	reason, message, recheck := r.strategyOf(rec).busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
 	if reason != "" {
-		r.wake(r.Ledger.Release(taskOf(tr)))
+		r.Capacity.Release(taskOf(tr))
 		return r.giveUp(ctx, tr, rec, reason, message)
 	}
 	if recheck > 0 && (left == 0 || recheck < left) {
@@ -367,9 +366,9 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 		return reconcile.Result{}, err
 	}
 	if owed {
-		r.Ledger.Transfer(taskOf(tr), debtTask(next, rec.Status.BuildUser))
+		r.Capacity.Transfer(taskOf(tr), debtTask(next, rec.Status.BuildUser))
 	} else {
-		r.wake(r.Ledger.Release(taskOf(tr)))
+		r.Capacity.Release(taskOf(tr))
 	}
 	reason := "ProvisioningFailed"
 	if remote.IsHostKeyChanged(cause) {
@@ -492,10 +491,10 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 // held one means the cache is behind berth's own write: freeing its slot now would hand it to
 // a second task while the first one's build user may be on the host.
 func (r *Reconciler) releaseUnrecorded(task allocation.Task) error {
-	if _, held := r.Ledger.Holder(task); held {
+	if _, held := r.Capacity.Holder(task); held {
 		return errStale
 	}
-	r.wake(r.Ledger.Release(task))
+	r.Capacity.Release(task)
 	return nil
 }
 
@@ -518,14 +517,14 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 	task := taskOfRecord(rec)
 	// The first pass moves the slot over; a later one (the clean still running) finds it moved.
 	first := !held
-	if held && r.Ledger.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
+	if held && r.Capacity.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
 		first = true
 		r.keys.Delete(keyID(rec))
 		r.ready.Delete(keyID(rec))
 		r.step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
-	r.wake(r.Ledger.Release(task))
+	r.Capacity.Release(task)
 	if !first {
 		return next, nil
 	}
@@ -638,7 +637,7 @@ func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocat
 	for _, d := range settled {
 		r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
 		if d.HoldsSlot {
-			r.wake(r.Ledger.Release(debtTask(rec, d.BuildUser)))
+			r.Capacity.Release(debtTask(rec, d.BuildUser))
 		}
 	}
 	return nil

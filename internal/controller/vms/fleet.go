@@ -22,19 +22,17 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/warning"
 )
 
-// Tasks is what the fleet needs of the TaskRun side.
-type Tasks interface {
-	// Wake reconciles tasks that can go on now (a VM became ready, or failed them).
-	Wake(tasks []allocation.Task)
+// Debts are the build users still to be removed from hosts, which the task records hold
+// (package taskrun keeps them): a VM berth terminates takes its users with it.
+type Debts interface {
 	// ForgetHost drops every build user owed to a host that is gone.
 	ForgetHost(ctx context.Context, host string) error
-	// Restored tells whether the ledger holds what the records say.
-	Restored() bool
 }
 
 // Prober logs in to a VM for the first time and returns the host key it presented (or checks
@@ -49,10 +47,11 @@ type Fleet struct {
 	APIReader client.Reader
 	Namespace string
 	Config    *hostconfig.Store
-	Ledger    *allocation.Ledger
-	Recorder  events.EventRecorder
-	Tasks     Tasks
-	Prober    Prober
+	// Capacity is the ledger and its wake-ups, shared with the task controller.
+	Capacity *capacity.Capacity
+	Recorder events.EventRecorder
+	Debts    Debts
+	Prober   Prober
 	// Secret reads a Secret of the controller's namespace (cloud credentials), on demand.
 	Secret cloud.SecretReader
 	// PlanInterval is the longest the planner waits between two passes when nothing kicks it.
@@ -188,7 +187,7 @@ func (f *Fleet) noteTrouble(platform string, err error) incident.Ref {
 	f.trouble[platform] = t
 	f.mu.Unlock()
 	launches.WithLabelValues(platform, t.kind.String()).Inc()
-	f.Tasks.Wake(f.Ledger.Waiters(platform))
+	f.Capacity.WakeWaiters(platform)
 	return t.ref
 }
 
@@ -234,7 +233,7 @@ func (f *Fleet) configChanged(cfg *config.Config) {
 	}
 	f.mu.Unlock()
 	for _, name := range stale {
-		f.Ledger.RetireHost(name)
+		f.Capacity.RetireHost(name)
 	}
 	f.Kick()
 }
@@ -256,12 +255,12 @@ func (f *Fleet) open(rec *berthv1.BuildHost) {
 		// whose task's record went just before the crash), so it would stay up for good. A VM
 		// launched with settings the platform no longer has stays closed too, from the config
 		// change until the planner retires it in its record.
-		f.Ledger.PutRetiredHost(host)
+		f.Capacity.PutRetiredHost(host)
 		return
 	}
-	f.Tasks.Wake(f.Ledger.PutHost(host))
+	f.Capacity.PutHost(host)
 	// A drained or quarantined VM stays out of service.
-	f.Tasks.Wake(f.Ledger.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined))
+	f.Capacity.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined)
 }
 
 // Released is told that a task's last hold on host is going: a single-use VM is retired in

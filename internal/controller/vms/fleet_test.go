@@ -12,15 +12,21 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/fleet"
 	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
-type noTasks struct{}
+type noDebts struct{}
 
-func (noTasks) Wake([]allocation.Task)                   {}
-func (noTasks) ForgetHost(context.Context, string) error { return nil }
-func (noTasks) Restored() bool                           { return true }
+func (noDebts) ForgetHost(context.Context, string) error { return nil }
+
+// restoredCapacity is an empty ledger, as after a start that found no records.
+func restoredCapacity() *capacity.Capacity {
+	c := capacity.New()
+	c.MarkRestored()
+	return c
+}
 
 // TestARetiredVMIsTerminatedAfterARestart: a controller that restarts finds a VM retired
 // before the crash (a single-use VM that served its task, a pool VM past max-age), its
@@ -49,12 +55,13 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 			if tc.pooled {
 				rec.Spec.Instance.Slots = 4
 			}
-			ledger := allocation.New()
+			ledger := capacity.New()
+			ledger.MarkRestored()
 			task := allocation.Task{Namespace: "ns", Name: "build"}
 			if tc.holder {
 				ledger.Restore(task, rec.Name, "linux/s390x") // the tasks' records are read first
 			}
-			f := &Fleet{Config: hostconfig.NewStore(), Ledger: ledger, Tasks: noTasks{}}
+			f := &Fleet{Config: hostconfig.NewStore(), Capacity: ledger, Debts: noDebts{}}
 			f.init()
 			f.open(rec) // the fleet's restore, or the VM loop's next pass over the ready record
 			platform := fleet.Platform{MaxInstances: 2, SlotsPerVM: rec.Spec.Instance.Slots, Pooled: tc.pooled}
@@ -77,7 +84,7 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 // giving up the launches under way as refused for good. (The fleet has no client here: any
 // decision would fail the test by touching it.)
 func TestNothingIsDecidedBeforeTheConfigIsRead(t *testing.T) {
-	f := &Fleet{Config: hostconfig.NewStore(), Ledger: allocation.New(), Tasks: noTasks{}}
+	f := &Fleet{Config: hostconfig.NewStore(), Capacity: restoredCapacity(), Debts: noDebts{}}
 	f.init()
 	res, err := f.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "berth-system", Name: "vm-linux-s390x-abcde"}})
 	if err != nil || res.RequeueAfter <= 0 {
@@ -114,20 +121,20 @@ func TestOutdatedVMStaysClosed(t *testing.T) {
 		Status: berthv1.BuildHostStatus{Platform: "linux/s390x", Address: "198.18.1.2",
 			Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceReady, ID: "vm-1"}},
 	}
-	f := &Fleet{Config: store, Ledger: allocation.New(), Tasks: noTasks{}}
+	f := &Fleet{Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
 	f.init()
 	f.open(rec)
-	if occ := f.Ledger.HostOccupancy(rec.Name); !occ.Known || occ.Retired {
+	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Known || occ.Retired {
 		t.Fatalf("a current VM: %+v; want it open", occ)
 	}
 	next := parse("http://127.0.0.1:2")
 	store.Apply(next)
 	f.configChanged(next)
-	if occ := f.Ledger.HostOccupancy(rec.Name); !occ.Retired {
+	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Retired {
 		t.Fatalf("after the settings changed: %+v; want it closed", occ)
 	}
 	f.open(rec) // the VM loop's next pass, before the planner wrote the retirement
-	if occ := f.Ledger.HostOccupancy(rec.Name); !occ.Retired {
+	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Retired {
 		t.Fatalf("opened again while outdated: %+v", occ)
 	}
 }

@@ -37,7 +37,7 @@ func (f *Fleet) Start(ctx context.Context) error {
 		sweepEvery = time.Minute
 	}
 	// Decide nothing before the ledger knows who holds and who waits for what.
-	for !f.Tasks.Restored() {
+	for !f.Capacity.Restored() {
 		select {
 		case <-ctx.Done():
 			return nil
@@ -126,7 +126,7 @@ func (f *Fleet) planAll(ctx context.Context) error {
 		d := cfg.Dynamic[p]
 		note(f.plan(ctx, string(p), fleet.Platform{
 			MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(),
-			Pooled: d.Pool != nil, Queued: len(f.Ledger.Waiters(string(p))), Paused: f.paused(string(p)),
+			Pooled: d.Pool != nil, Queued: len(f.Capacity.Waiters(string(p))), Paused: f.paused(string(p)),
 		}, byPlatform[string(p)], d))
 		delete(byPlatform, string(p))
 	}
@@ -159,8 +159,8 @@ func (f *Fleet) plan(ctx context.Context, platform string, p fleet.Platform, rec
 		reason := cmp.Or(r.Reason, rec.Spec.Instance.Retire, "it served its task")
 		// The decision was taken on a snapshot: close the VM first, then terminate it only if
 		// no task took it meanwhile (a retired VM goes on a later pass, once free).
-		f.Ledger.RetireHost(rec.Name)
-		if f.Ledger.HostOccupancy(rec.Name).Used > 0 {
+		f.Capacity.RetireHost(rec.Name)
+		if f.Capacity.HostOccupancy(rec.Name).Used > 0 {
 			if err := f.retire(ctx, rec, reason); err != nil {
 				return err
 			}
@@ -202,7 +202,7 @@ func (f *Fleet) snapshot(rec *berthv1.BuildHost) fleet.VM {
 		vm.Phase = fleet.Terminating
 	case berthv1.InstanceReady:
 		vm.Phase = fleet.Ready
-		occ := f.Ledger.HostOccupancy(rec.Name)
+		occ := f.Capacity.HostOccupancy(rec.Name)
 		if !occ.Known {
 			// Ready in the record but not yet in the ledger: the VM loop is about to open it.
 			// Until then it counts as booting, so it is neither launched again nor culled.
@@ -224,7 +224,7 @@ func (f *Fleet) retire(ctx context.Context, rec *berthv1.BuildHost, reason strin
 	if err := f.Client.Update(ctx, next); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	f.Ledger.RetireHost(rec.Name)
+	f.Capacity.RetireHost(rec.Name)
 	f.event(next, corev1.EventTypeNormal, "Retired", "takes no new tasks: %s", reason)
 	f.Kick()
 	return nil

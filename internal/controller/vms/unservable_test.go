@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/hostconfig"
@@ -57,7 +56,7 @@ func TestUnservableTellsTheKindNotTheCloudsWords(t *testing.T) {
 	refShape := regexp.MustCompile(`ref-[0-9a-f]{10}`)
 	for _, tc := range refusals {
 		t.Run(tc.name, func(t *testing.T) {
-			f := &Fleet{Namespace: "berth-system", Config: store, Ledger: allocation.New(), Tasks: noTasks{}}
+			f := &Fleet{Namespace: "berth-system", Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
 			f.init()
 			ref := f.noteTrouble("linux/arm64", tc.err)
 			if again := f.noteTrouble("linux/arm64", tc.err); again != ref {

@@ -207,7 +207,7 @@ func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	if cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone) {
 		f.warn(rec, "InstanceLost", "instance %s of platform %s is gone from the cloud; its tasks fail and nothing is owed to it any more", rec.Status.Instance.ID, in.Platform)
 		lost.WithLabelValues(in.Platform).Inc()
-		f.Ledger.RetireHost(rec.Name)
+		f.Capacity.RetireHost(rec.Name)
 		return reconcile.Result{}, f.finishTermination(ctx, rec)
 	}
 	return reconcile.Result{RequeueAfter: interval}, nil
@@ -223,14 +223,14 @@ func (f *Fleet) startTerminating(ctx context.Context, rec *berthv1.BuildHost, wh
 	if err := f.Client.Update(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	f.Ledger.RetireHost(rec.Name)
+	f.Capacity.RetireHost(rec.Name)
 	return f.terminate(ctx, next)
 }
 
 // terminate ends the instance (already gone is done) and then drops the record.
 func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in, st := rec.Spec.Instance, rec.Status.Instance
-	f.Ledger.RetireHost(rec.Name)
+	f.Capacity.RetireHost(rec.Name)
 	if st.ID != "" {
 		p, err := f.providerOf(rec)
 		if err == nil {
@@ -255,13 +255,13 @@ func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcil
 
 // finishTermination forgets what was owed to the VM and drops its record: nothing is left.
 func (f *Fleet) finishTermination(ctx context.Context, rec *berthv1.BuildHost) error {
-	if err := f.Tasks.ForgetHost(ctx, rec.Name); err != nil {
+	if err := f.Debts.ForgetHost(ctx, rec.Name); err != nil {
 		return err
 	}
 	if err := f.deleteRecord(ctx, rec); err != nil {
 		return err
 	}
-	f.Ledger.RemoveHost(rec.Name)
+	f.Capacity.RemoveHost(rec.Name)
 	f.dropLogin(rec.Name)
 	return nil
 }

@@ -1,0 +1,119 @@
+// Package capacity is the one owner of what berth can hand out: the ledger of hosts, slots,
+// namespace caps and lines (package allocation), and the wake-ups that tell a TaskRun its
+// turn came. Whatever frees capacity here wakes the tasks that can go on by itself, so no
+// controller pairs a release with a wake-up, and the task and host controllers depend on this
+// package, never on each other.
+package capacity
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/berth-ci/berth/internal/allocation"
+)
+
+// ledger is embedded unexported: its reads and the moves that free nothing are Capacity's
+// own, and the moves that free something are shadowed by Capacity's, which wake.
+type ledger = allocation.Ledger
+
+// Capacity is the ledger with its wake-ups.
+type Capacity struct {
+	*ledger
+	wakeups  chan event.TypedGenericEvent[allocation.Task]
+	restored atomic.Bool
+}
+
+// wakeBuffer is how many wake-ups wait in the channel before a sender hands its own to a
+// goroutine; a burst of releases never blocks the caller and never loses one.
+const wakeBuffer = 4096
+
+// New is an empty ledger: no hosts, no lines.
+func New() *Capacity {
+	return &Capacity{ledger: allocation.New(), wakeups: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer)}
+}
+
+// DebtPrefix starts the ledger name of a cleanup debt: a build user still to be removed,
+// holding its slot. Its clean's end, not a wake-up, moves it on; the "/" keeps the name apart
+// from every TaskRun's.
+const DebtPrefix = "debt/"
+
+// Wake reconciles the TaskRuns now: a freed slot, an ended host job or a VM that became
+// ready reaches its task this way, not by polling. It never blocks and never drops one.
+func (c *Capacity) Wake(tasks ...allocation.Task) {
+	for _, t := range tasks {
+		if strings.HasPrefix(t.Name, DebtPrefix) {
+			continue
+		}
+		ev := event.TypedGenericEvent[allocation.Task]{Object: t}
+		select {
+		case c.wakeups <- ev:
+		default:
+			go func() { c.wakeups <- ev }()
+		}
+	}
+}
+
+// WakeWaiters wakes every task waiting for the platform (capacity of it came or went).
+func (c *Capacity) WakeWaiters(platform string) { c.Wake(c.ledger.Waiters(platform)...) }
+
+// Acquire reserves a host for the request or puts it in line; a reservation that lets other
+// tasks go (a place freed by a task leaving the line) wakes them.
+func (c *Capacity) Acquire(req allocation.Request) allocation.Grant {
+	g := c.ledger.Acquire(req)
+	c.Wake(g.Wake...)
+	return g
+}
+
+// Release frees what the task held or drops it from its line, and wakes whoever can go now.
+func (c *Capacity) Release(task allocation.Task) { c.Wake(c.ledger.Release(task)...) }
+
+// Quarantine takes the host out of service (on) or puts it back, waking who can go now.
+func (c *Capacity) Quarantine(host string, on bool) { c.Wake(c.ledger.Quarantine(host, on)...) }
+
+// PutHost adds or updates one host (a VM), waking who can go now.
+func (c *Capacity) PutHost(h allocation.Host) { c.Wake(c.ledger.PutHost(h)...) }
+
+// SetHosts replaces the static hosts (a config change), waking who can go now.
+func (c *Capacity) SetHosts(hosts []allocation.Host) { c.Wake(c.ledger.SetHosts(hosts)...) }
+
+// SetNamespaceCaps replaces the per-namespace caps, waking who can go now.
+func (c *Capacity) SetNamespaceCaps(caps map[string]int) {
+	c.Wake(c.ledger.SetNamespaceCaps(caps)...)
+}
+
+// MarkRestored says the ledger now holds what the records say (after a start); until then no
+// controller may decide from it.
+func (c *Capacity) MarkRestored() { c.restored.Store(true) }
+
+// Restored tells whether the ledger has been rebuilt from the records.
+func (c *Capacity) Restored() bool { return c.restored.Load() }
+
+// Source delivers the wake-ups to the task controller, each queued at priority: what passes a
+// slot on goes before arrivals that only join the line.
+func (c *Capacity) Source(priority int) source.Source {
+	return source.Channel(c.wakeups, handler.TypedFuncs[allocation.Task, reconcile.Request]{
+		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[allocation.Task], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			AddAt(q, types.NamespacedName{Namespace: e.Object.Namespace, Name: e.Object.Name}, priority)
+		},
+	})
+}
+
+// AddAt queues the reconcile of name at priority, on a queue that has priorities.
+func AddAt(q workqueue.TypedRateLimitingInterface[reconcile.Request], name types.NamespacedName, priority int) {
+	req := reconcile.Request{NamespacedName: name}
+	if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(priority)}, req)
+		return
+	}
+	q.Add(req)
+}
