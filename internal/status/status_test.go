@@ -220,7 +220,7 @@ func TestPlatformSummaries(t *testing.T) {
 	}
 }
 
-// The JSON field names are documented (README, `berth status --help`): they must not drift.
+// The JSON field names are documented (docs/operating.md, `berth status --help`): they must not drift.
 func TestReportFieldNames(t *testing.T) {
 	r := Summarize(Snapshot{Now: now, Platforms: []Platform{{Name: s390x, Strategy: StrategyStatic}}, Hosts: staticHosts(1),
 		Tasks: []Task{running("a", "r", "s390x-1", time.Minute, time.Minute), waiting("a", "w", time.Minute)}})

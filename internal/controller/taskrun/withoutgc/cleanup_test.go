@@ -1,3 +1,5 @@
+//go:build stack
+
 // Package withoutgc_test runs berth's controller on a control plane without a garbage
 // collector, where owner references are never followed: whatever berth must clean up, it has
 // to delete itself. The secrets berth writes are owned by their TaskRun, so on a real cluster
