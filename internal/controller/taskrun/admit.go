@@ -1,0 +1,113 @@
+package taskrun
+
+// The admit phase: a user TaskRun with no record yet is refused, served where it runs, or
+// given a record that will hold a host.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/localaffinity"
+	"github.com/berth-ci/berth/internal/tasksecret"
+)
+
+// admit decides how the task's platform is served, or why it cannot be.
+func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
+	a := r.admission(r.Config.Config(), tr)
+	if !a.holdsHost() {
+		r.leaveLine(tr) // refused, or served locally: it never takes a slot
+	}
+	switch {
+	case a.reason != "":
+		return reconcile.Result{}, r.fail(ctx, tr, a.reason, a.message)
+	case !a.strategy.holdsHosts():
+		return reconcile.Result{}, r.serveLocally(ctx, tr)
+	}
+	return r.reserve(ctx, tr, r.newRecord(tr, a.kind))
+}
+
+// admission is how the config in force serves a task's platform, or why it refuses the task.
+type admission struct {
+	kind     config.Strategy
+	strategy strategy
+	// reason and message say why the task is refused; reason is "" when it is not.
+	reason, message string
+}
+
+// holdsHost tells an admitted task that takes a slot of a host.
+func (a admission) holdsHost() bool { return a.reason == "" && a.strategy.holdsHosts() }
+
+// admission decides, from cfg alone (nil: no config in force), whether the task may be served
+// and how.
+func (r *Reconciler) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admission {
+	if cfg == nil {
+		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
+		if rejected, _ := r.Config.Rejected(); rejected != nil {
+			msg = fmt.Sprintf("berth's host configuration cannot be used at all (%s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
+				rejected.Fatal().Summary(), contract.ConfigLabel, r.Namespace)
+		}
+		return admission{reason: "ConfigInvalid", message: msg}
+	}
+	platform := contract.Platform(tr)
+	if !cfg.NamespaceAllowed(tr.Namespace) {
+		return admission{reason: "NamespaceNotAllowed", message: fmt.Sprintf(
+			"namespace %s may not use multi-platform builds (platform %s): it is not in allowed-namespaces of berth's host configuration. Ask the platform team to allow it.", tr.Namespace, platform)}
+	}
+	kind, known := cfg.Strategy(config.Platform(platform))
+	a := admission{kind: kind, strategy: r.strategyFor(kind)}
+	switch broken := cfg.Broken(config.Platform(platform)); {
+	case !known:
+		a.reason, a.message = "UnknownPlatform", fmt.Sprintf(
+			"platform %q is not configured: berth serves %s. Fix the PLATFORM param of the task, or ask the platform team to add the platform.", platform, knownPlatforms(cfg))
+	case len(broken) > 0:
+		a.reason, a.message = "ConfigInvalid", fmt.Sprintf(
+			"the host configuration of platform %s is broken, so berth cannot serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
+			platform, broken.Summary(), contract.ConfigLabel, r.Namespace)
+	case a.strategy == nil:
+		a.reason, a.message = "PlatformUnsupported", fmt.Sprintf(
+			"platform %s is configured as %s, which this berth does not serve: use a static host or a local platform for it.", platform, kind)
+	}
+	return a
+}
+
+func knownPlatforms(cfg *config.Config) string {
+	var names []string
+	for _, p := range cfg.UsablePlatforms() {
+		names = append(names, string(p))
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// serveLocally tells the task to build where it runs. Nothing is held, so nothing is recorded.
+// A platform that names an architecture builds right only on a node of it: its pod must be
+// pinned there (the webhook does it when the TaskRun is created), or the task gets an error.
+func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
+	platform := contract.Platform(tr)
+	if node, ok := localaffinity.NodeOf(platform); ok && !localaffinity.Enforced(localaffinity.Of(tr), node) {
+		err := r.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
+			"platform %s is local, so this task builds in its own pod, which must run on a %s/%s node; but the TaskRun's spec.podTemplate does not require %s=%s and %s=%s in every required node selector term, so the pod could run on a node of another architecture and build for it. berth's admission webhook adds that requirement when a TaskRun is created: it was not running when this one was, or the requirement was changed. Re-run the task; if this happens again, ask the platform team to check that berth's webhook is running (MutatingWebhookConfiguration %s).",
+			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, localaffinity.WebhookName))
+		if err == nil {
+			localAffinityMissing.WithLabelValues(platform).Inc()
+		}
+		return err
+	}
+	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
+		return err
+	}
+	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
+	if err == nil {
+		r.step(ctx, tr.Namespace+"/"+tr.Name, platform, contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", platform)
+	}
+	return err
+}

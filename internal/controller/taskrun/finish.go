@@ -1,0 +1,216 @@
+package taskrun
+
+// The finish phase: an ended task lets go of its host, and the build users it leaves are
+// removed (its debts) before the slot goes to the next.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+)
+
+// finish cleans up after a task that ended or is being deleted, in an order that survives a
+// crash between any two steps: a record whose TaskRun has ended owes its build user (and holds
+// its slot) whatever its phase says, so the finalizer can go at once and a dead host never
+// blocks the TaskRun's deletion; the slot is freed only once the user is gone. The secret
+// stays: its key logs in as a user that is being removed, and it goes with its TaskRun (its
+// owner reference), or when a new TaskRun of the name needs the name (dropStaleSecret).
+func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	if rec == nil {
+		if err := r.releaseUnrecorded(taskOf(tr)); err != nil {
+			return reconcile.Result{}, err
+		}
+	} else {
+		var err error
+		if rec, err = r.endRecord(ctx, rec); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if _, err := r.mirror(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
+		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
+	}
+	if rec == nil {
+		// What berth last wrote on the TaskRun is kept until its record is gone: the passes in
+		// between (the clean ending a moment later) must not take the cache's older copy for
+		// the TaskRun as it is, and patch it again on that copy.
+		r.forgetMirrors(tr.UID)
+		return reconcile.Result{}, nil
+	}
+	return r.payDebts(ctx, rec)
+}
+
+// releaseUnrecorded takes a task the cache shows no record of out of the ledger's queues. A
+// task holding a slot always has a record (it is written as soon as the slot is taken), so a
+// held one means the cache is behind berth's own write: freeing its slot now would hand it to
+// a second task while the first one's build user may be on the host.
+func (r *Reconciler) releaseUnrecorded(task allocation.Task) error {
+	if _, held := r.Capacity.Holder(task); held {
+		return errStale
+	}
+	r.Capacity.Release(task)
+	return nil
+}
+
+// endRecord turns an ended task's hold into a debt of the record, in memory: the record is
+// written only when a debt outlives this pass (a clean that failed, see settleDebts). Until
+// then the record in the apiserver still names the user as held, which is the same debt to
+// the next pass or the next start, since the TaskRun it was held for has ended. A record in
+// Cleaning was written so and is returned as it is.
+func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*berthv1.Allocation, error) {
+	if rec.Status.Phase == berthv1.PhaseCleaning {
+		return rec, nil
+	}
+	next := rec.DeepCopy()
+	held := rec.Status.Login != nil && (rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady)
+	if held {
+		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
+	}
+	next.Status.Phase, next.Status.Login = berthv1.PhaseCleaning, nil
+	next.Status.EndedAt = r.microStamp()
+	task := taskOfRecord(rec)
+	// The first pass moves the slot over; a later one (the clean still running) finds it moved.
+	first := !held
+	if held && r.Capacity.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
+		first = true
+		r.keys.Delete(keyID(rec))
+		r.ready.Delete(keyID(rec))
+		r.step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
+			task, rec.Status.BuildUser, rec.Status.Login.Host)
+	}
+	r.Capacity.Release(task)
+	if !first {
+		return next, nil
+	}
+	// Once, as the task ends: the redemption already refuses keys of an ended task, and the
+	// sweeper deletes what this misses.
+	return next, r.revokeKeys(ctx, next)
+}
+
+// settleOrphan finishes a record whose TaskRun is gone (or was re-created under its name).
+func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
+	rec, err := r.endRecord(ctx, rec)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	ref := rec.Spec.TaskRun
+	if err := r.deleteSecret(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.forgetMirrors(ref.UID)
+	return r.payDebts(ctx, rec)
+}
+
+// forgetMirrors drops what berth keeps about a TaskRun's mirrors once it has ended or gone.
+func (r *Reconciler) forgetMirrors(uid types.UID) {
+	r.mirrors.Delete(uid)
+	r.patched.Delete(uid)
+	r.mirrorSets.Delete(uid)
+	r.reverted.Delete(uid)
+	r.full.Delete(uid)
+}
+
+// payDebts removes owed build users, with backoff on failure, whatever the config says now:
+// the record holds the address and admin-key reference. A paid debt frees its slot; a record
+// with nothing owed and no running task goes.
+func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
+	var paid []berthv1.Debt
+	var failed error
+	var failedDebt berthv1.Debt
+	var failures []failedClean
+	for _, d := range rec.Status.Debts {
+		if gone, err := r.vmGone(ctx, d.HostLogin); err != nil {
+			return reconcile.Result{}, err
+		} else if gone {
+			paid = append(paid, d) // the VM went with the user on it
+			continue
+		}
+		j := job(rec, d.HostLogin, d.BuildUser)
+		out := r.Provisioner.Clean(ctx, j)
+		switch {
+		case !out.Done:
+		case out.Err != nil:
+			r.Provisioner.Forget(j.ID)
+			if failed == nil {
+				failed, failedDebt = out.Err, d
+			}
+			failures = append(failures, failedClean{debt: d, err: out.Err})
+		default:
+			paid = append(paid, d)
+		}
+	}
+	if len(paid) == 0 && failed == nil {
+		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
+			return reconcile.Result{}, r.drop(ctx, rec)
+		}
+		return reconcile.Result{}, nil
+	}
+	next := rec.DeepCopy()
+	var retry time.Duration
+	if failed != nil {
+		next.Status.CleanFailures++
+		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", failedDebt.BuildUser, failedDebt.Host, failed)
+		retry = cleanBackoff(next.Status.CleanFailures)
+	} else {
+		next.Status.CleanFailures = 0
+	}
+	if err := r.settleDebts(ctx, rec, next, paid); err != nil {
+		return reconcile.Result{}, err
+	}
+	if failed != nil {
+		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
+		r.recordEvent(ctx, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
+	}
+	r.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
+	return reconcile.Result{RequeueAfter: retry}, nil
+}
+
+// settleDebts records that the debts in settled are no longer owed (paid, or forgotten): next,
+// rec's update, is written without them, or the record goes when its task has ended and it owes
+// nothing more. Then their jobs are forgotten and the slots they held freed.
+func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocation, settled []berthv1.Debt) error {
+	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
+		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
+	})
+	for _, d := range settled {
+		if d.HoldsSlot {
+			if err := r.strategyOf(rec).releasing(ctx, d.Host); err != nil {
+				return err
+			}
+		}
+	}
+	var err error
+	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
+		err = r.drop(ctx, rec)
+	} else {
+		err = r.save(ctx, next)
+	}
+	if err != nil {
+		return err
+	}
+	for _, d := range settled {
+		r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
+		if d.HoldsSlot {
+			r.Capacity.Release(debtTask(rec, d.BuildUser))
+		}
+	}
+	return nil
+}
+
+// cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to five minutes.
+func cleanBackoff(failures int) time.Duration {
+	d := time.Second << min(failures-1, 9)
+	return min(d, 5*time.Minute)
+}

@@ -1,0 +1,138 @@
+package taskrun
+
+// The reserve phase: a recorded task takes a slot of a host, or waits in line for one.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/hostops"
+)
+
+// reserve takes a slot for the task, or queues it. The record names host, admin login and build
+// user before anything happens on the host; only once it is written does provisioning start.
+func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	task := taskOf(tr)
+	grant := r.Capacity.Acquire(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+		Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
+	switch {
+	case grant.Blocked:
+		return r.giveUp(ctx, tr, rec, "AllHostsFailed", fmt.Sprintf(
+			"no host of platform %s could be provisioned for this task (failed: %s). The hosts may be down or misconfigured; see the events of this TaskRun and tell the platform team.",
+			rec.Spec.Platform, strings.Join(rec.Status.FailedHosts, ", ")))
+	case grant.Host == "":
+		return r.wait(ctx, tr, rec, grant.Position)
+	}
+	login, ok := r.strategyOf(rec).login(grant.Host)
+	if !ok {
+		r.Capacity.Release(task)
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	private, authorized, err := r.NewKey(r.keyType(), tr.Namespace+"/"+tr.Name)
+	if err != nil {
+		r.Capacity.Release(task)
+		return reconcile.Result{}, err
+	}
+	next := rec.DeepCopy()
+	next.Status.Phase = berthv1.PhaseProvisioning
+	next.Status.Login = &login
+	next.Status.Attempt++
+	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
+	next.Status.UserDir, next.Status.Message = "", ""
+	next.Status.ReservedAt = r.microStamp()
+	if len(next.Status.SealKey) == 0 {
+		if next.Status.SealKey, err = newSealKey(); err != nil {
+			r.Capacity.Release(task)
+			return reconcile.Result{}, err
+		}
+	}
+	if err := r.save(ctx, next); err != nil {
+		// A reservation made just now and not recorded is not held. One made by an earlier
+		// reconcile is recorded already (this one read a stale copy): it stays.
+		if !grant.Held {
+			r.Capacity.Release(task)
+		}
+		return reconcile.Result{}, err
+	}
+	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
+	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
+	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, login.Host, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
+	var results outcomes
+	results.add(r.mirror(ctx, tr, next))
+	results.add(r.provision(ctx, tr, next))
+	return results.result()
+}
+
+type keyPair struct{ private, authorized []byte }
+
+// keyType is the type of the keys build users get now: the config in force decides.
+func (r *Reconciler) keyType() config.KeyType {
+	if cfg := r.Config.Config(); cfg != nil && cfg.UserKeyType != "" {
+		return cfg.UserKeyType
+	}
+	return config.DefaultKeyType
+}
+
+func keyID(rec *berthv1.Allocation) string {
+	return string(rec.Spec.TaskRun.UID) + "/" + strconv.Itoa(rec.Status.Attempt)
+}
+
+// wait records the task as waiting and tells it its place; a freed slot wakes it. The only timed
+// requeue is the wait timeout's.
+func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, position int) (reconcile.Result, error) {
+	var left time.Duration
+	if r.WaitTimeout > 0 {
+		// Counted from creation: the same answer after a restart.
+		if left = r.WaitTimeout - r.now().Sub(tr.CreationTimestamp.Time); left <= 0 {
+			r.Capacity.Release(taskOf(tr))
+			return r.giveUp(ctx, tr, rec, "WaitTimeout", fmt.Sprintf(
+				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
+		}
+	}
+	reason, message, recheck := r.strategyOf(rec).busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
+	if reason != "" {
+		r.Capacity.Release(taskOf(tr))
+		return r.giveUp(ctx, tr, rec, reason, message)
+	}
+	if recheck > 0 && (left == 0 || recheck < left) {
+		left = recheck
+	}
+	if rec.ResourceVersion == "" {
+		// A task that never held a slot waits without a record: the ledger's queue holds it,
+		// its TaskRun's labels show it, and after a restart it is queued again as a user
+		// TaskRun with neither record nor secret (see restoreQueue), by its creation time.
+		// Only a task that had a host and must try another (provisioningFailed) has a
+		// Waiting record, for the hosts that failed it and the users it owes.
+		rec = rec.DeepCopy()
+		rec.Status.Phase = berthv1.PhaseWaiting
+		if !r.toldWaiting(tr, rec.Spec.Platform) {
+			r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
+		}
+	}
+	res, err := r.mirror(ctx, tr, rec)
+	if left > 0 && (res.RequeueAfter == 0 || left < res.RequeueAfter) {
+		res.RequeueAfter = left
+	}
+	return res, err
+}
+
+// toldWaiting tells whether the task was told it waits: this process mirrored the wait on it,
+// or its TaskRun carries the waiting label (mirrored before a restart). A tenant who sets the
+// label itself only spares itself the Event.
+func (r *Reconciler) toldWaiting(tr *pipelinev1.TaskRun, platform string) bool {
+	if last, ok := r.mirrors.Load(tr.UID); ok && last.(mirrorState).waiting {
+		return true
+	}
+	return tr.Labels[contract.WaitingForPlatformLabel] == contract.PlatformLabelValue(platform)
+}

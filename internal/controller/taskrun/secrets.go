@@ -1,0 +1,118 @@
+package taskrun
+
+// The task's secret: written, answered with an error, or deleted, only when berth owns it.
+
+import (
+	"context"
+	"fmt"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/tasksecret"
+)
+
+// fail answers the task with an error secret it prints before it exits.
+func (r *Reconciler) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string) error {
+	if err := r.writeSecret(ctx, tr, tasksecret.ForError(ownerOf(tr), message)); err != nil {
+		return err
+	}
+	errorSecrets.WithLabelValues(reason).Inc()
+	r.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
+	return r.patchMirrors(ctx, tr, mirrorState{platform: contract.Platform(tr)})
+}
+
+// writeSecret creates the task's secret, or replaces one berth wrote earlier for this same
+// TaskRun (delete, then create: berth never needs to update a secret). A secret of that name
+// that berth did not write for this TaskRun is left alone and reported.
+func (r *Reconciler) writeSecret(ctx context.Context, tr *pipelinev1.TaskRun, s *corev1.Secret) error {
+	err := r.Client.Create(ctx, s)
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	var existing corev1.Secret
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
+		if apierrors.IsNotFound(err) {
+			return errStale
+		}
+		return err
+	}
+	if !ownedBy(&existing, tr.UID) {
+		r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
+		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
+	}
+	if err := r.Client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	return r.Client.Create(ctx, s)
+}
+
+// deleteSecret removes the task's secret if berth wrote it for that TaskRun; any other secret
+// of the name is not berth's to delete.
+func (r *Reconciler) deleteSecret(ctx context.Context, namespace, name string, uid types.UID) error {
+	s, err := r.secretOf(ctx, namespace, name)
+	if err != nil || s == nil || !ownedBy(s, uid) {
+		return err
+	}
+	return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
+}
+
+// dropStaleSecret deletes the secret berth wrote under this name for a TaskRun that is gone:
+// one deleted without berth's finalizer (a local or error answer holds none), or replaced by a
+// new TaskRun of the same name (current, "" if none). Also one deleted while berth was down:
+// every secret of berth's reaches this on start.
+// The owner reference would let a garbage collector do this, some time later; berth does not
+// count on one running, and a stale secret would stand in the way of the new TaskRun's answer.
+// A secret berth did not write is never touched.
+func (r *Reconciler) dropStaleSecret(ctx context.Context, key types.NamespacedName, current types.UID) error {
+	s, err := r.secretOf(ctx, key.Namespace, key.Name)
+	if err != nil || s == nil || s.Labels[contract.SecretLabel] != "true" || ownedBy(s, current) {
+		return err
+	}
+	writtenFor := taskRunOwner(s, key.Name)
+	if writtenFor == "" {
+		return nil
+	}
+	// The cache may lag behind the apiserver: ask it before deleting a task's only way to start.
+	var live metav1.PartialObjectMetadata
+	live.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
+	switch err := r.APIReader.Get(ctx, key, &live); {
+	case err == nil && live.UID == writtenFor:
+		return errStale
+	case err != nil && !apierrors.IsNotFound(err):
+		return err
+	}
+	return r.deleteSecret(ctx, key.Namespace, key.Name, writtenFor)
+}
+
+// taskRunOwner is the UID of the TaskRun named name that owns the secret ("" if none does).
+func taskRunOwner(s *corev1.Secret, name string) types.UID {
+	for _, o := range s.OwnerReferences {
+		if o.Kind == "TaskRun" && o.Name == name {
+			return o.UID
+		}
+	}
+	return ""
+}
+
+// ownedBy tells a secret berth wrote for the TaskRun with this UID: its label and its owner.
+func ownedBy(s *corev1.Secret, uid types.UID) bool {
+	if s.Labels[contract.SecretLabel] != "true" {
+		return false
+	}
+	for _, o := range s.OwnerReferences {
+		if o.UID == uid && o.Kind == "TaskRun" {
+			return true
+		}
+	}
+	return false
+}
+
+func ownerOf(tr *pipelinev1.TaskRun) tasksecret.Owner {
+	return tasksecret.Owner{Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID}
+}
