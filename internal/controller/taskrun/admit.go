@@ -105,7 +105,7 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
 	}
-	err := r.patchMirrors(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
+	err := r.mirror.patch(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
 	if err == nil {
 		r.step(ctx, tr.Namespace+"/"+tr.Name, platform, contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", platform)
 	}

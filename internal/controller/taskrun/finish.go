@@ -12,7 +12,6 @@ import (
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -36,7 +35,7 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 			return reconcile.Result{}, err
 		}
 	}
-	if _, err := r.mirror(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := r.mirror.sync(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
 	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
@@ -46,7 +45,7 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		// What berth last wrote on the TaskRun is kept until its record is gone: the passes in
 		// between (the clean ending a moment later) must not take the cache's older copy for
 		// the TaskRun as it is, and patch it again on that copy.
-		r.forgetMirrors(tr.UID)
+		r.mirror.forget(tr.UID)
 		return reconcile.Result{}, nil
 	}
 	return r.payDebts(ctx, rec)
@@ -109,17 +108,8 @@ func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) 
 	if err := r.deleteSecret(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.forgetMirrors(ref.UID)
+	r.mirror.forget(ref.UID)
 	return r.payDebts(ctx, rec)
-}
-
-// forgetMirrors drops what berth keeps about a TaskRun's mirrors once it has ended or gone.
-func (r *Reconciler) forgetMirrors(uid types.UID) {
-	r.mirrors.Delete(uid)
-	r.patched.Delete(uid)
-	r.mirrorSets.Delete(uid)
-	r.reverted.Delete(uid)
-	r.full.Delete(uid)
 }
 
 // payDebts removes owed build users, with backoff on failure, whatever the config says now:

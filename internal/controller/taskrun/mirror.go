@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -17,12 +18,16 @@ import (
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/capacity"
 )
 
 // mirrorState is what the labels, annotation and finalizer of a user TaskRun say, derived from
@@ -38,6 +43,67 @@ type mirrorState struct {
 	// bare: the TaskRun's own annotations leave no room for berth's (see patchMirrors), so
 	// only labels and finalizer are written, and berth's annotations are taken away.
 	bare bool
+}
+
+// taskMirror writes the mirrors of user TaskRuns and keeps, per TaskRun, what it wrote: to tell
+// a tenant's edit from its own write, to bound how often it undoes one, and to show a waiter
+// its place in line without rewriting it at every hand-over.
+type taskMirror struct {
+	client           client.Client
+	capacity         *capacity.Capacity
+	recorder         events.EventRecorder
+	now              func() time.Time
+	revertInterval   time.Duration // the least time between two reverts on one TaskRun
+	positionInterval time.Duration // the least time between two writes of one place in line
+	// refreshes carries the wake-ups of the position refresh, which go in line with the rest.
+	refreshes chan event.GenericEvent
+
+	written  sync.Map // TaskRun UID → mirrorState berth last wrote
+	patched  sync.Map // TaskRun UID → *patchedMeta: the metadata berth's last patch left, until the cache has it
+	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
+	full     sync.Map // TaskRun UID → struct{}: no room for berth's annotations on it
+	// sets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
+	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
+	sets sync.Map
+	// positions holds the place in line last written on each waiting TaskRun (allocation.Task
+	// → positionMark).
+	positions sync.Map
+	// refreshDue holds the waiters whose moved place the refresh loop let be rewritten.
+	refreshDue sync.Map
+	// unshown holds the waiters the refresh loop found not yet shown that they wait, at its
+	// last look (see unshownWaiters); only that loop uses it.
+	unshown map[allocation.Task]bool
+}
+
+// newMirror is the mirror writer of the reconciler's client, ledger and intervals.
+func (r *Reconciler) newMirror() *taskMirror {
+	return &taskMirror{client: r.Client, capacity: r.Capacity, recorder: r.Recorder, now: r.now,
+		revertInterval: r.MirrorRevertInterval, positionInterval: r.PositionInterval,
+		refreshes: make(chan event.GenericEvent, positionWritesPerInterval)}
+}
+
+// event tells the TaskRun's owner (see Reconciler.event).
+func (m *taskMirror) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
+	tell(ctx, m.recorder, tr, host, eventType, reason, format, args...)
+}
+
+// forget drops what is kept about a TaskRun's mirrors once it has ended or gone.
+func (m *taskMirror) forget(uid types.UID) {
+	m.written.Delete(uid)
+	m.patched.Delete(uid)
+	m.sets.Delete(uid)
+	m.reverted.Delete(uid)
+	m.full.Delete(uid)
+}
+
+// toldWaiting tells whether the task was told it waits: this process mirrored the wait on it,
+// or its TaskRun carries the waiting label (mirrored before a restart). A tenant who sets the
+// label itself only spares itself the Event.
+func (m *taskMirror) toldWaiting(tr *pipelinev1.TaskRun, platform string) bool {
+	if last, ok := m.written.Load(tr.UID); ok && last.(mirrorState).waiting {
+		return true
+	}
+	return tr.Labels[contract.WaitingForPlatformLabel] == contract.PlatformLabelValue(platform)
 }
 
 func mirrorOf(rec *berthv1.Allocation) mirrorState {
@@ -104,45 +170,45 @@ func setOrDelete(m map[string]string, key, value string) {
 	}
 }
 
-// mirror brings the TaskRun's mirrors in line with its record (and a waiter's place in line
+// sync brings the TaskRun's mirrors in line with its record (and a waiter's place in line
 // with the ledger, see queuePosition). When they differ from what berth itself last wrote, a
 // tenant edited them: the edit is reverted, at most once per MirrorRevertInterval per TaskRun
 // and with an Event, and changes nothing else.
-func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
-	tr = r.freshest(tr)
-	r.noteMirrorSet(tr.UID)
+func (m *taskMirror) sync(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+	tr = m.freshest(tr)
+	m.noteSet(tr.UID)
 	want := mirrorOf(rec)
-	want.position = r.queuePosition(tr, rec)
-	want.bare = r.annotationsFull(tr.UID)
-	last, wrote := r.mirrors.Load(tr.UID)
+	want.position = m.queuePosition(tr, rec)
+	want.bare = m.annotationsFull(tr.UID)
+	last, wrote := m.written.Load(tr.UID)
 	if wrote && last.(mirrorState) == want {
 		probe := tr.DeepCopy()
 		want.apply(probe)
 		if sameMetadata(tr, probe) {
 			return reconcile.Result{}, nil
 		}
-		if left := r.revertWait(tr); left > 0 {
+		if left := m.revertWait(tr); left > 0 {
 			return reconcile.Result{RequeueAfter: left}, nil
 		}
-		if err := r.patchMirrors(ctx, tr, want); err != nil {
+		if err := m.patch(ctx, tr, want); err != nil {
 			return reconcile.Result{}, err
 		}
-		r.noteRevert(tr)
+		m.noteRevert(tr)
 		mirrorReverts.Inc()
-		r.event(ctx, tr, "", corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
+		m.event(ctx, tr, "", corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
 		return reconcile.Result{}, nil
 	}
-	if err := r.patchMirrors(ctx, tr, want); err != nil {
+	if err := m.patch(ctx, tr, want); err != nil {
 		return reconcile.Result{}, err
 	}
 	if !want.ended {
-		want.bare = r.annotationsFull(tr.UID)
-		r.mirrors.Store(tr.UID, want)
+		want.bare = m.annotationsFull(tr.UID)
+		m.written.Store(tr.UID, want)
 	}
 	return reconcile.Result{}, nil
 }
 
-// patchMirrors writes m with a JSON patch that tests what it changes (see metadataPatch).
+// patch writes state with a JSON patch that tests what it changes (see metadataPatch).
 // Cached TaskRuns are stripped of what berth does not read, so they are never written whole.
 //
 // A tenant may fill its TaskRun's annotations up to the apiserver's limit (256 KiB in all),
@@ -150,32 +216,32 @@ func (r *Reconciler) mirror(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 // patch that adds them, and the labels and finalizer in the same patch would never be written.
 // So on that refusal the TaskRun is marked full (an Event says so, once) and its mirrors are
 // written without berth's annotations, now and until it ends.
-func (r *Reconciler) patchMirrors(ctx context.Context, tr *pipelinev1.TaskRun, m mirrorState) error {
-	r.noteMirrorSet(tr.UID)
-	if fresh := r.freshest(tr); fresh != tr {
+func (m *taskMirror) patch(ctx context.Context, tr *pipelinev1.TaskRun, state mirrorState) error {
+	m.noteSet(tr.UID)
+	if fresh := m.freshest(tr); fresh != tr {
 		*tr = *fresh
 	}
-	m.bare = m.bare || r.annotationsFull(tr.UID)
+	state.bare = state.bare || m.annotationsFull(tr.UID)
 	before := tr.DeepCopy()
-	err := r.writeMirrors(ctx, tr, before, m)
-	if err != nil && !m.bare && annotationsTooLong(err) {
-		r.full.Store(tr.UID, struct{}{})
-		r.event(ctx, before, "", corev1.EventTypeWarning, "AnnotationsFull",
+	err := m.write(ctx, tr, before, state)
+	if err != nil && !state.bare && annotationsTooLong(err) {
+		m.full.Store(tr.UID, struct{}{})
+		m.event(ctx, before, "", corev1.EventTypeWarning, "AnnotationsFull",
 			"annotations full (%d bytes in all): no queue-position or failed-hosts here; the labels show the state", apivalidation.TotalAnnotationSizeLimitB)
 		*tr = *before.DeepCopy()
-		m.bare = true
-		err = r.writeMirrors(ctx, tr, before, m)
+		state.bare = true
+		err = m.write(ctx, tr, before, state)
 	}
 	if err != nil {
 		return err
 	}
-	r.notePosition(tr, m.position)
+	m.notePosition(tr, state.position)
 	return nil
 }
 
-// writeMirrors applies m to tr and patches what changed since before.
-func (r *Reconciler) writeMirrors(ctx context.Context, tr, before *pipelinev1.TaskRun, m mirrorState) error {
-	m.apply(tr)
+// write applies state to tr and patches what changed since before.
+func (m *taskMirror) write(ctx context.Context, tr, before *pipelinev1.TaskRun, state mirrorState) error {
+	state.apply(tr)
 	ops := metadataPatch(&before.ObjectMeta, &tr.ObjectMeta)
 	if len(ops) == 0 {
 		return nil
@@ -184,18 +250,18 @@ func (r *Reconciler) writeMirrors(ctx context.Context, tr, before *pipelinev1.Ta
 	if err != nil {
 		return err
 	}
-	if err := r.Client.Patch(ctx, tr, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+	if err := m.client.Patch(ctx, tr, client.RawPatch(types.JSONPatchType, patch)); err != nil {
 		if testFailed(err) {
 			return fmt.Errorf("%w: %w", errStale, err)
 		}
 		return err
 	}
-	r.notePatched(tr)
+	m.notePatched(tr)
 	return nil
 }
 
-func (r *Reconciler) annotationsFull(uid types.UID) bool {
-	_, full := r.full.Load(uid)
+func (m *taskMirror) annotationsFull(uid types.UID) bool {
+	_, full := m.full.Load(uid)
 	return full
 }
 
@@ -223,15 +289,15 @@ type patchedMeta struct {
 }
 
 // notePatched keeps what the apiserver answered to berth's patch of tr.
-func (r *Reconciler) notePatched(tr *pipelinev1.TaskRun) {
+func (m *taskMirror) notePatched(tr *pipelinev1.TaskRun) {
 	rv, err := strconv.ParseUint(tr.ResourceVersion, 10, 64)
 	if err != nil {
-		r.patched.Delete(tr.UID)
+		m.patched.Delete(tr.UID)
 		return
 	}
 	// The apiserver answers with the whole TaskRun: only what the cache would keep of it is
 	// kept (stripTaskRun), or a tenant's large annotations would stay here.
-	r.patched.Store(tr.UID, &patchedMeta{resourceVersion: rv, labels: keepKeys(tr.Labels, taskRunLabelsRead),
+	m.patched.Store(tr.UID, &patchedMeta{resourceVersion: rv, labels: keepKeys(tr.Labels, taskRunLabelsRead),
 		annotations: keepKeys(tr.Annotations, taskRunAnnotationsRead), finalizers: slices.Clone(tr.Finalizers)})
 }
 
@@ -241,8 +307,8 @@ func (r *Reconciler) notePatched(tr *pipelinev1.TaskRun) {
 // values that are gone, or leave a label berth removed a moment ago, and that copy would pass
 // for a tenant's edit. resourceVersions are etcd revisions, which only grow; one that does not
 // parse as such is taken as new.
-func (r *Reconciler) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
-	v, ok := r.patched.Load(tr.UID)
+func (m *taskMirror) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+	v, ok := m.patched.Load(tr.UID)
 	if !ok {
 		return tr
 	}
@@ -250,7 +316,7 @@ func (r *Reconciler) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	if cached, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || cached >= last.resourceVersion {
 		// The cache has caught up: what the patch left is no longer needed (a TaskRun waiting
 		// for hours would otherwise keep a copy of its labels here all along).
-		r.patched.CompareAndDelete(tr.UID, v)
+		m.patched.CompareAndDelete(tr.UID, v)
 		return tr
 	}
 	fresh := tr.DeepCopy()
@@ -260,12 +326,12 @@ func (r *Reconciler) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 }
 
 // noteMirrorSet counts that the TaskRun's mirrors were set from what berth knows now.
-func (r *Reconciler) noteMirrorSet(uid types.UID) {
-	r.mirrorSets.Store(uid, r.mirrorSetCount(uid)+1)
+func (m *taskMirror) noteSet(uid types.UID) {
+	m.sets.Store(uid, m.setCount(uid)+1)
 }
 
-func (r *Reconciler) mirrorSetCount(uid types.UID) uint64 {
-	n, _ := r.mirrorSets.Load(uid)
+func (m *taskMirror) setCount(uid types.UID) uint64 {
+	n, _ := m.sets.Load(uid)
 	count, _ := n.(uint64)
 	return count
 }
@@ -274,12 +340,12 @@ func sameMetadata(a, b *pipelinev1.TaskRun) bool {
 	return maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) && slices.Equal(a.Finalizers, b.Finalizers)
 }
 
-func (r *Reconciler) revertWait(tr *pipelinev1.TaskRun) time.Duration {
-	v, ok := r.reverted.Load(tr.UID)
+func (m *taskMirror) revertWait(tr *pipelinev1.TaskRun) time.Duration {
+	v, ok := m.reverted.Load(tr.UID)
 	if !ok {
 		return 0
 	}
-	return r.MirrorRevertInterval - r.now().Sub(v.(time.Time))
+	return m.revertInterval - m.now().Sub(v.(time.Time))
 }
 
-func (r *Reconciler) noteRevert(tr *pipelinev1.TaskRun) { r.reverted.Store(tr.UID, r.now()) }
+func (m *taskMirror) noteRevert(tr *pipelinev1.TaskRun) { m.reverted.Store(tr.UID, m.now()) }

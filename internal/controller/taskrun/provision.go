@@ -148,7 +148,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 		return reconcile.Result{}, err
 	}
 	if rec.Status.SecretTampered {
-		if left := r.revertWait(tr); left > 0 {
+		if left := r.mirror.revertWait(tr); left > 0 {
 			return reconcile.Result{RequeueAfter: left}, nil
 		}
 	}
@@ -171,7 +171,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 		return reconcile.Result{}, err
 	}
 	r.ready.Store(keyID(rec), next.Status.SecretDigest) // a pass on a stale copy of the record judges by it
-	r.noteRevert(tr)
+	r.mirror.noteRevert(tr)
 	errorSecrets.WithLabelValues("SecretTampered").Inc()
 	r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretTampered", "%s", msg)
 	return reconcile.Result{}, nil

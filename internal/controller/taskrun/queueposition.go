@@ -47,12 +47,12 @@ type positionMark struct {
 // not shown yet is shown as it is; a place shown already is rewritten only when the refresh
 // loop has made it due (see movedPositions), so that the loop's budget bounds every rewrite of
 // every waiter, however often hand-overs reconcile them.
-func (r *Reconciler) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) int {
+func (m *taskMirror) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocation) int {
 	if rec == nil || (rec.Status.Phase != berthv1.PhaseWaiting && rec.Status.Phase != "") {
 		return 0
 	}
-	mark, marked := r.positionMark(tr)
-	now := r.Capacity.Position(rec.Spec.Platform, taskOf(tr))
+	mark, marked := m.positionMark(tr)
+	now := m.capacity.Position(rec.Spec.Platform, taskOf(tr))
 	switch {
 	case now == 0:
 		// Not queued in the ledger at this instant (between a release and the next Acquire):
@@ -61,14 +61,14 @@ func (r *Reconciler) queuePosition(tr *pipelinev1.TaskRun, rec *berthv1.Allocati
 	case !marked || mark.position == now:
 		return now
 	}
-	if _, due := r.refreshDue.LoadAndDelete(taskOf(tr)); due {
+	if _, due := m.refreshDue.LoadAndDelete(taskOf(tr)); due {
 		return now
 	}
 	return mark.position
 }
 
-func (r *Reconciler) positionMark(tr *pipelinev1.TaskRun) (positionMark, bool) {
-	v, ok := r.positions.Load(taskOf(tr))
+func (m *taskMirror) positionMark(tr *pipelinev1.TaskRun) (positionMark, bool) {
+	v, ok := m.positions.Load(taskOf(tr))
 	if !ok || v.(positionMark).uid != tr.UID {
 		return positionMark{}, false
 	}
@@ -76,41 +76,41 @@ func (r *Reconciler) positionMark(tr *pipelinev1.TaskRun) (positionMark, bool) {
 }
 
 // notePosition records the position the TaskRun's metadata now shows.
-func (r *Reconciler) notePosition(tr *pipelinev1.TaskRun, position int) {
+func (m *taskMirror) notePosition(tr *pipelinev1.TaskRun, position int) {
 	if position == 0 {
-		r.positions.Delete(taskOf(tr))
+		m.positions.Delete(taskOf(tr))
 		return
 	}
-	if mark, ok := r.positionMark(tr); ok && mark.position == position {
+	if mark, ok := m.positionMark(tr); ok && mark.position == position {
 		return
 	}
-	r.positions.Store(taskOf(tr), positionMark{uid: tr.UID, position: position, at: r.now()})
+	m.positions.Store(taskOf(tr), positionMark{uid: tr.UID, position: position, at: m.now()})
 }
 
 // PositionRefresh wakes the waiting TaskRuns whose place in line moved since their annotation
 // was written. It runs on the leader only, like the reconciles that write.
-type PositionRefresh struct{ Reconciler *Reconciler }
+type PositionRefresh struct{ mirror *taskMirror }
 
 // NeedLeaderElection: only the leader's ledger serves.
 func (p PositionRefresh) NeedLeaderElection() bool { return true }
 
 // Start looks refreshesPerInterval times per PositionInterval until ctx ends.
 func (p PositionRefresh) Start(ctx context.Context) error {
-	r := p.Reconciler
-	ticker := time.NewTicker(r.PositionInterval / refreshesPerInterval)
+	m := p.mirror
+	ticker := time.NewTicker(m.positionInterval / refreshesPerInterval)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			waiters := r.waiterPlaces()
-			for _, task := range r.movedPositions(waiters, positionWritesPerInterval/refreshesPerInterval) {
-				r.refreshDue.Store(task, struct{}{})
-				r.send(r.refreshes, task.Namespace, task.Name)
+			waiters := m.waiterPlaces()
+			for _, task := range m.movedPositions(waiters, positionWritesPerInterval/refreshesPerInterval) {
+				m.refreshDue.Store(task, struct{}{})
+				send(m.refreshes, task.Namespace, task.Name)
 			}
-			for _, task := range r.unshownWaiters(waiters, unshownPerLook) {
-				r.Capacity.Wake(task)
+			for _, task := range m.unshownWaiters(waiters, unshownPerLook) {
+				m.capacity.Wake(task)
 			}
 		}
 	}
@@ -125,19 +125,19 @@ func (p PositionRefresh) Start(ctx context.Context) error {
 // with the most tasks ahead go first: they have the longest wait left to explain, while the
 // front of a busy line is served before its label would be read. Only the refresh loop calls
 // it.
-func (r *Reconciler) unshownWaiters(waiters []placed, budget int) []allocation.Task {
+func (m *taskMirror) unshownWaiters(waiters []placed, budget int) []allocation.Task {
 	var starved []placed
 	now := map[allocation.Task]bool{}
 	for _, w := range waiters {
-		if _, shown := r.positions.Load(w.task); shown {
+		if _, shown := m.positions.Load(w.task); shown {
 			continue
 		}
 		now[w.task] = true
-		if r.unshown[w.task] {
+		if m.unshown[w.task] {
 			starved = append(starved, w)
 		}
 	}
-	r.unshown = now
+	m.unshown = now
 	return firstPlaced(starved, budget, func(a, b placed) int { return b.position - a.position })
 }
 
@@ -149,10 +149,10 @@ type placed struct {
 
 // waiterPlaces is every task waiting in the ledger, with its place in its platform's line:
 // what one look of the refresh loop reads, once for both of its picks.
-func (r *Reconciler) waiterPlaces() []placed {
+func (m *taskMirror) waiterPlaces() []placed {
 	var out []placed
-	for platform := range r.Capacity.Waiting() {
-		for i, task := range r.Capacity.Queue(platform) {
+	for platform := range m.capacity.Waiting() {
+		for i, task := range m.capacity.Queue(platform) {
 			out = append(out, placed{task, i + 1})
 		}
 	}
@@ -171,25 +171,25 @@ func firstPlaced(ps []placed, budget int, cmp func(a, b placed) int) []allocatio
 
 // movedPositions returns up to budget of waiters whose place moved and whose annotation may be
 // rewritten, front of the queues first; and forgets the marks of tasks that wait no more.
-func (r *Reconciler) movedPositions(waiters []placed, budget int) []allocation.Task {
+func (m *taskMirror) movedPositions(waiters []placed, budget int) []allocation.Task {
 	var candidates []placed
 	waiting := map[allocation.Task]bool{}
-	now := r.now()
+	now := m.now()
 	for _, w := range waiters {
 		waiting[w.task] = true
-		v, ok := r.positions.Load(w.task)
+		v, ok := m.positions.Load(w.task)
 		if !ok {
 			continue // never shown yet: its own reconcile writes it, or unshownWaiters wakes it
 		}
-		if mark := v.(positionMark); mark.position != w.position && now.Sub(mark.at) >= r.PositionInterval {
+		if mark := v.(positionMark); mark.position != w.position && now.Sub(mark.at) >= m.positionInterval {
 			candidates = append(candidates, w)
 		}
 	}
-	r.positions.Range(func(k, v any) bool {
+	m.positions.Range(func(k, v any) bool {
 		// A mark written since the queues were read may be of a task that waits now.
 		if !waiting[k.(allocation.Task)] && v.(positionMark).at.Before(now) {
-			r.positions.Delete(k)
-			r.refreshDue.Delete(k)
+			m.positions.Delete(k)
+			m.refreshDue.Delete(k)
 		}
 		return true
 	})

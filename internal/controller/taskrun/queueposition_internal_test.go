@@ -35,25 +35,25 @@ func oneSlotLedger(n int) *capacity.Capacity {
 // refresh loop made it due, once.
 func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
 	l := oneSlotLedger(3)
-	r := &Reconciler{Capacity: l, PositionInterval: time.Minute, now: func() time.Time { return t0 }}
+	m := &taskMirror{capacity: l, positionInterval: time.Minute, now: func() time.Time { return t0 }}
 	tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "t2", UID: "uid-2"}}
 	rec := &berthv1.Allocation{Spec: berthv1.AllocationSpec{Platform: "linux/s390x"}}
-	if got := r.queuePosition(tr, rec); got != 2 {
+	if got := m.queuePosition(tr, rec); got != 2 {
 		t.Fatalf("a place not shown yet: %d, want 2", got)
 	}
-	r.notePosition(tr, 2)
+	m.notePosition(tr, 2)
 	l.Release(task(0)) // t1 takes the slot: t2 moves up to 1
 	if g := l.Acquire(allocation.Request{Task: task(1), Platform: "linux/s390x", Created: t0.Add(time.Second)}); g.Host != "a" {
 		t.Fatalf("t1 did not get the freed slot: %+v", g)
 	}
-	if got := r.queuePosition(tr, rec); got != 2 {
+	if got := m.queuePosition(tr, rec); got != 2 {
 		t.Fatalf("a moved place the loop has not made due: %d, want the 2 shown", got)
 	}
-	r.refreshDue.Store(task(2), struct{}{})
-	if got := r.queuePosition(tr, rec); got != 1 {
+	m.refreshDue.Store(task(2), struct{}{})
+	if got := m.queuePosition(tr, rec); got != 1 {
 		t.Fatalf("a moved place made due: %d, want 1", got)
 	}
-	if _, still := r.refreshDue.Load(task(2)); still {
+	if _, still := m.refreshDue.Load(task(2)); still {
 		t.Fatal("the refresh was not used up by the rewrite")
 	}
 }
@@ -63,17 +63,17 @@ func TestAShownPlaceMovesOnlyWhenTheRefreshLoopSays(t *testing.T) {
 func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
 	l := oneSlotLedger(6)
 	now := t0.Add(time.Minute)
-	r := &Reconciler{Capacity: l, PositionInterval: 10 * time.Second, now: func() time.Time { return now }}
+	m := &taskMirror{capacity: l, positionInterval: 10 * time.Second, now: func() time.Time { return now }}
 	// t1..t5 wait at 1..5; shown: t1 at 2 (moved), t2 at 2 (unmoved), t3 at 4 (moved, written
 	// just now), t4 at 5 (moved), t5 at 6 (moved); and a mark of t0, which holds the slot.
 	for i, mark := range map[int]positionMark{0: {position: 1, at: t0}, 1: {position: 2, at: t0}, 2: {position: 2, at: t0},
 		3: {position: 4, at: now.Add(-time.Second)}, 4: {position: 5, at: t0}, 5: {position: 6, at: t0}} {
-		r.positions.Store(task(i), mark)
+		m.positions.Store(task(i), mark)
 	}
-	if got := fmt.Sprint(r.movedPositions(r.waiterPlaces(), 2)); got != fmt.Sprint([]allocation.Task{task(1), task(4)}) {
+	if got := fmt.Sprint(m.movedPositions(m.waiterPlaces(), 2)); got != fmt.Sprint([]allocation.Task{task(1), task(4)}) {
 		t.Fatalf("woke %s, want ns/t1 and ns/t4", got)
 	}
-	if _, ok := r.positions.Load(task(0)); ok {
+	if _, ok := m.positions.Load(task(0)); ok {
 		t.Fatal("the mark of a task that waits no more was kept")
 	}
 }
@@ -82,13 +82,13 @@ func TestRefreshWakesMovedPlacesFrontFirst(t *testing.T) {
 // first and within the budget; one shown meanwhile, or served, is not.
 func TestRefreshPutsFirstWaitersLeftUnlabelled(t *testing.T) {
 	l := oneSlotLedger(6) // t0 holds the slot, t1..t5 wait
-	r := &Reconciler{Capacity: l, PositionInterval: 10 * time.Second, now: func() time.Time { return t0 }}
-	r.positions.Store(task(2), positionMark{position: 2, at: t0}) // t2 was shown its place
-	if got := r.unshownWaiters(r.waiterPlaces(), 2); len(got) != 0 {
+	m := &taskMirror{capacity: l, positionInterval: 10 * time.Second, now: func() time.Time { return t0 }}
+	m.positions.Store(task(2), positionMark{position: 2, at: t0}) // t2 was shown its place
+	if got := m.unshownWaiters(m.waiterPlaces(), 2); len(got) != 0 {
 		t.Fatalf("at the first look woke %s; a waiter gets a look's time to be labelled", got)
 	}
-	r.positions.Store(task(3), positionMark{position: 3, at: t0}) // t3 is shown between the looks
-	if got, want := fmt.Sprint(r.unshownWaiters(r.waiterPlaces(), 2)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
+	m.positions.Store(task(3), positionMark{position: 3, at: t0}) // t3 is shown between the looks
+	if got, want := fmt.Sprint(m.unshownWaiters(m.waiterPlaces(), 2)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
 		t.Fatalf("at the second look woke %s, want %s", got, want)
 	}
 	// t1 is served; t4 and t5 are still unlabelled (their reconciles queued behind hand-overs).
@@ -96,7 +96,7 @@ func TestRefreshPutsFirstWaitersLeftUnlabelled(t *testing.T) {
 	if g := l.Acquire(allocation.Request{Task: task(1), Platform: "linux/s390x", Created: t0.Add(time.Second)}); g.Host != "a" {
 		t.Fatalf("t1 did not get the freed slot: %+v", g)
 	}
-	if got, want := fmt.Sprint(r.unshownWaiters(r.waiterPlaces(), 5)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
+	if got, want := fmt.Sprint(m.unshownWaiters(m.waiterPlaces(), 5)), fmt.Sprint([]allocation.Task{task(5), task(4)}); got != want {
 		t.Fatalf("at the third look woke %s, want %s", got, want)
 	}
 }

@@ -69,27 +69,13 @@ type Reconciler struct {
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
 
-	// refreshes carries the wake-ups of the position refresh, which go in line with the rest.
-	refreshes chan event.GenericEvent
-	restore   sync.Mutex
-	keys      sync.Map // "uid/attempt" → private key of a user being provisioned
-	ready     sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
-	mirrors   sync.Map // TaskRun UID → mirrorState berth last wrote
-	patched   sync.Map // TaskRun UID → *patchedMeta: the metadata berth's last patch left, until the cache has it
-	reverted  sync.Map // TaskRun UID → when berth last undid a tenant's edit
-	full      sync.Map // TaskRun UID → struct{}: no room for berth's annotations on it
-	now       func() time.Time
-	// mirrorSets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
-	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
-	mirrorSets sync.Map
-	// positions holds the place in line last written on each waiting TaskRun (allocation.Task
-	// → positionMark).
-	positions sync.Map
-	// refreshDue holds the waiters whose moved place the refresh loop let be rewritten.
-	refreshDue sync.Map
-	// unshown holds the waiters the refresh loop found not yet shown that they wait, at its
-	// last look (see unshownWaiters); only that loop uses it.
-	unshown map[allocation.Task]bool
+	// mirror writes the labels, annotations and finalizer of user TaskRuns (SetupWithManager
+	// makes it).
+	mirror  *taskMirror
+	restore sync.Mutex
+	keys    sync.Map // "uid/attempt" → private key of a user being provisioned
+	ready   sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
+	now     func() time.Time
 	// started is when this controller started: only TaskRuns older than that can have been
 	// served by the controller berth replaces.
 	started time.Time
@@ -198,7 +184,7 @@ func (o *outcomes) result() (reconcile.Result, error) { return o.res, o.err }
 var errStale = errors.New("cache behind berth's own write")
 
 // send puts the TaskRun's name on a wake-up channel without blocking.
-func (r *Reconciler) send(ch chan event.GenericEvent, namespace, name string) {
+func send(ch chan event.GenericEvent, namespace, name string) {
 	tr := &pipelinev1.TaskRun{}
 	tr.Namespace, tr.Name = namespace, name
 	ev := event.GenericEvent{Object: tr}
@@ -219,7 +205,11 @@ func (r *Reconciler) Notify(key string) {
 // and the operator the same in the log, with the TaskRun, its platform and the host ("" when
 // there is none yet). A Warning event is a warning line (see package warning).
 func (r *Reconciler) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
-	r.Recorder.Eventf(tr, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
+	tell(ctx, r.Recorder, tr, host, eventType, reason, format, args...)
+}
+
+func tell(ctx context.Context, recorder events.EventRecorder, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
+	recorder.Eventf(tr, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	logStep(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), host, eventType, reason, fmt.Sprintf(format, args...))
 }
 

@@ -16,7 +16,6 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
-	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/hostops"
 )
 
@@ -69,7 +68,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
 	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, login.Host, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
-	results.add(r.mirror(ctx, tr, next))
+	results.add(r.mirror.sync(ctx, tr, next))
 	results.add(r.provision(ctx, tr, next))
 	return results.result()
 }
@@ -116,23 +115,13 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		// Waiting record, for the hosts that failed it and the users it owes.
 		rec = rec.DeepCopy()
 		rec.Status.Phase = berthv1.PhaseWaiting
-		if !r.toldWaiting(tr, rec.Spec.Platform) {
+		if !r.mirror.toldWaiting(tr, rec.Spec.Platform) {
 			r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 		}
 	}
-	res, err := r.mirror(ctx, tr, rec)
+	res, err := r.mirror.sync(ctx, tr, rec)
 	if left > 0 && (res.RequeueAfter == 0 || left < res.RequeueAfter) {
 		res.RequeueAfter = left
 	}
 	return res, err
-}
-
-// toldWaiting tells whether the task was told it waits: this process mirrored the wait on it,
-// or its TaskRun carries the waiting label (mirrored before a restart). A tenant who sets the
-// label itself only spares itself the Event.
-func (r *Reconciler) toldWaiting(tr *pipelinev1.TaskRun, platform string) bool {
-	if last, ok := r.mirrors.Load(tr.UID); ok && last.(mirrorState).waiting {
-		return true
-	}
-	return tr.Labels[contract.WaitingForPlatformLabel] == contract.PlatformLabelValue(platform)
 }

@@ -258,7 +258,7 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 	if host == nil {
 		// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
 		r.event(ctx, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
-		return false, client.IgnoreNotFound(r.patchMirrors(ctx, tr, mirrorState{ended: true}))
+		return false, client.IgnoreNotFound(r.mirror.patch(ctx, tr, mirrorState{ended: true}))
 	}
 	// The labels are still the tenant's to write: they may name a full host. The controller
 	// berth replaces never over-committed, so a task beyond the host's concurrency was not

@@ -24,7 +24,7 @@ func (r *Reconciler) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, m
 	}
 	errorSecrets.WithLabelValues(reason).Inc()
 	r.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
-	return r.patchMirrors(ctx, tr, mirrorState{platform: contract.Platform(tr)})
+	return r.mirror.patch(ctx, tr, mirrorState{platform: contract.Platform(tr)})
 }
 
 // writeSecret creates the task's secret, or replaces one berth wrote earlier for this same

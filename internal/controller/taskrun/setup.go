@@ -45,7 +45,6 @@ import (
 // SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
 // TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	r.refreshes = make(chan event.GenericEvent, positionWritesPerInterval)
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -59,6 +58,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
+	r.mirror = r.newMirror()
 	r.Config.OnChange(func(cfg *config.Config) {
 		r.Capacity.SetHosts(ledgerHosts(cfg))
 		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))
@@ -81,13 +81,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
 		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
 		WatchesRawSource(r.Capacity.Source(handOverPriority)).
-		WatchesRawSource(source.Channel(r.refreshes, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.mirror.refreshes, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(PositionRefresh{Reconciler: r}); err != nil {
+	if err := mgr.Add(PositionRefresh{mirror: r.mirror}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -142,7 +142,7 @@ func (r *Reconciler) firstLook() handler.EventHandler {
 			look(ctx, e.ObjectOld, e.ObjectNew, q)
 		},
 		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			r.forgetMirrors(e.Object.GetUID()) // gone: nothing is ever written on it again
+			r.mirror.forget(e.Object.GetUID()) // gone: nothing is ever written on it again
 			addFirst(q, e.Object)
 		},
 	}

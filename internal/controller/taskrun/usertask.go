@@ -27,7 +27,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		return r.admit(ctx, tr)
 	}
 	var results outcomes
-	sets := r.mirrorSetCount(tr.UID)
+	sets := r.mirror.setCount(tr.UID)
 	switch rec.Status.Phase {
 	case berthv1.PhaseWaiting, "":
 		results.add(r.reserve(ctx, tr, rec))
@@ -44,8 +44,8 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	// failed write proved rec stale: mirroring rec would take back what is true for a moment
 	// (a reserved task shown waiting again), and the next reconcile would take berth's own
 	// write for a tenant's edit and revert it with a MirrorReverted warning.
-	if !results.stale && r.mirrorSetCount(tr.UID) == sets {
-		results.add(r.mirror(ctx, tr, rec))
+	if !results.stale && r.mirror.setCount(tr.UID) == sets {
+		results.add(r.mirror.sync(ctx, tr, rec))
 	}
 	return results.result()
 }
