@@ -42,9 +42,10 @@ import (
 	"github.com/berth-ci/berth/internal/provision"
 )
 
-// SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
-// TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+// init fills in the defaults, makes the parts the phases share and has the capacity follow the
+// config's hosts and caps: what the reconciler needs before its first Reconcile, with or
+// without a manager.
+func (r *Reconciler) init() {
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -55,9 +56,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.PositionInterval == 0 {
 		r.PositionInterval = DefaultPositionInterval
 	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
 	r.mirror = r.newMirror()
 	r.Config.OnChange(func(cfg *config.Config) {
 		r.Capacity.SetHosts(ledgerHosts(cfg))
@@ -67,6 +65,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		r.Capacity.SetHosts(ledgerHosts(cfg))
 		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))
 	}
+}
+
+// SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
+// TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	r.init()
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey); err != nil {
 		return err
 	}
