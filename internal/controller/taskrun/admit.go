@@ -26,11 +26,11 @@ func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconci
 	}
 	switch {
 	case a.reason != "":
-		return reconcile.Result{}, r.fail(ctx, tr, a.reason, a.message)
+		return reconcile.Result{}, r.secrets.fail(ctx, tr, a.reason, a.message)
 	case !a.strategy.holdsHosts():
 		return reconcile.Result{}, r.serveLocally(ctx, tr)
 	}
-	return r.reserve(ctx, tr, r.newRecord(tr, a.kind))
+	return r.reserve(ctx, tr, r.records.forTask(tr, a.kind))
 }
 
 // admission is how the config in force serves a task's platform, or why it refuses the task.
@@ -94,7 +94,7 @@ func knownPlatforms(cfg *config.Config) string {
 func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	platform := contract.Platform(tr)
 	if node, ok := localaffinity.NodeOf(platform); ok && !localaffinity.Enforced(localaffinity.Of(tr), node) {
-		err := r.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
+		err := r.secrets.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
 			"platform %s is local, so this task builds in its own pod, which must run on a %s/%s node; but the TaskRun's spec.podTemplate does not require %s=%s and %s=%s in every required node selector term, so the pod could run on a node of another architecture and build for it. berth's admission webhook adds that requirement when a TaskRun is created: it was not running when this one was, or the requirement was changed. Re-run the task; if this happens again, ask the platform team to check that berth's webhook is running (MutatingWebhookConfiguration %s).",
 			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, localaffinity.WebhookName))
 		if err == nil {
@@ -102,7 +102,7 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 		}
 		return err
 	}
-	if err := r.writeSecret(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
+	if err := r.secrets.write(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
 	}
 	err := r.mirror.patch(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})

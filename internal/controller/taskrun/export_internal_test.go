@@ -31,6 +31,7 @@ func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *c
 	store := hostconfig.NewStore()
 	store.Apply(cfg)
 	r := &Reconciler{Client: c, APIReader: c, Namespace: namespace, Config: store, Capacity: capacity.New()}
+	r.init()
 	var records berthv1.AllocationList
 	if err := c.List(ctx, &records, client.InNamespace(namespace)); err != nil {
 		return nil, err

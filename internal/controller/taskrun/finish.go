@@ -105,7 +105,7 @@ func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) 
 		return reconcile.Result{}, err
 	}
 	ref := rec.Spec.TaskRun
-	if err := r.deleteSecret(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
+	if err := r.secrets.delete(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
 		return reconcile.Result{}, err
 	}
 	r.mirror.forget(ref.UID)
@@ -143,7 +143,7 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	}
 	if len(paid) == 0 && failed == nil {
 		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
-			return reconcile.Result{}, r.drop(ctx, rec)
+			return reconcile.Result{}, r.records.drop(ctx, rec)
 		}
 		return reconcile.Result{}, nil
 	}
@@ -183,9 +183,9 @@ func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocat
 	}
 	var err error
 	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
-		err = r.drop(ctx, rec)
+		err = r.records.drop(ctx, rec)
 	} else {
-		err = r.save(ctx, next)
+		err = r.records.save(ctx, next)
 	}
 	if err != nil {
 		return err

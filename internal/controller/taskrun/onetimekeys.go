@@ -60,7 +60,7 @@ func (r *Reconciler) readySecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 // and its key is still kept ("" if not): the secret written again holds the same token, so a
 // pod that started in between and read it still gets its key.
 func (r *Reconciler) keptToken(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, private []byte) (string, error) {
-	s, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+	s, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
 	if err != nil || s == nil || !ownedBy(s, tr.UID) || len(s.Data["otp"]) == 0 {
 		return "", err
 	}

@@ -50,7 +50,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 		return reconcile.Result{}, err
 	}
 	handedOver := seal(secret, rec)
-	if err := r.writeSecret(ctx, tr, secret); err != nil {
+	if err := r.secrets.write(ctx, tr, secret); err != nil {
 		return reconcile.Result{}, err
 	}
 	// The sealed secret is the record of the hand-over: the record itself is not written.
@@ -73,7 +73,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	next.Status.Attempt++
 	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.Message = why
-	if err := r.save(ctx, next); err != nil {
+	if err := r.records.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
@@ -105,7 +105,7 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 		next.Status.FailedHosts = append(next.Status.FailedHosts, login.Host)
 	}
 	next.Status.Phase, next.Status.Login, next.Status.BuildUser, next.Status.Message = berthv1.PhaseWaiting, nil, "", why
-	if err := r.save(ctx, next); err != nil {
+	if err := r.records.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	if owed {
@@ -131,7 +131,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	if want == "" {
 		return reconcile.Result{}, nil // adopted from an earlier controller: its secret is not ours to judge
 	}
-	secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+	secret, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -160,14 +160,14 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	// digest the secret does not match, which brings the next pass back here.
 	next := rec.DeepCopy()
 	next.Status.SecretTampered, next.Status.SecretDigest, next.Status.Message = true, digest(errSecret.Data), msg
-	if err := r.save(ctx, next); err != nil {
+	if err := r.records.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	// A token the tenant read out of the secret before changing it redeems nothing now.
 	if err := r.revokeKeys(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.writeSecret(ctx, tr, errSecret); err != nil {
+	if err := r.secrets.write(ctx, tr, errSecret); err != nil {
 		return reconcile.Result{}, err
 	}
 	r.ready.Store(keyID(rec), next.Status.SecretDigest) // a pass on a stale copy of the record judges by it
@@ -179,18 +179,18 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 
 // giveUp answers the task with an error; what the record still owes the hosts is paid first.
 func (r *Reconciler) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, reason, message string) (reconcile.Result, error) {
-	if err := r.fail(ctx, tr, reason, message); err != nil {
+	if err := r.secrets.fail(ctx, tr, reason, message); err != nil {
 		return reconcile.Result{}, err
 	}
 	if rec.ResourceVersion == "" {
 		return reconcile.Result{}, nil
 	}
 	if len(rec.Status.Debts) == 0 {
-		return reconcile.Result{}, r.drop(ctx, rec)
+		return reconcile.Result{}, r.records.drop(ctx, rec)
 	}
 	next := rec.DeepCopy()
 	next.Status.Phase, next.Status.Message = berthv1.PhaseCleaning, message
-	if err := r.save(ctx, next); err != nil {
+	if err := r.records.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	return r.payDebts(ctx, next)

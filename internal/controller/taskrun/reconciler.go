@@ -16,7 +16,6 @@ import (
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -72,6 +71,8 @@ type Reconciler struct {
 	// mirror writes the labels, annotations and finalizer of user TaskRuns (SetupWithManager
 	// makes it).
 	mirror  *taskMirror
+	secrets *taskSecrets
+	records *recordStore
 	restore sync.Mutex
 	keys    sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready   sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
@@ -129,12 +130,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	// got.UID is empty when no TaskRun has the name.
-	if err := r.dropStaleSecret(ctx, req.NamespacedName, got.UID); err != nil {
+	if err := r.secrets.dropStale(ctx, req.NamespacedName, got.UID); err != nil {
 		var o outcomes
 		o.add(reconcile.Result{}, err)
 		return o.result()
 	}
-	records, err := r.recordsOf(ctx, req.NamespacedName)
+	records, err := r.records.of(ctx, req.NamespacedName)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -239,16 +240,4 @@ func logStep(ctx context.Context, taskRun, platform, host, eventType, reason, me
 		return
 	}
 	log.Info(message, kv...)
-}
-
-// secretOf reads the task's secret from the cache, which holds only berth-labelled secrets and
-// of each only what stripSecret keeps: no data but its digest (cachedDigest) and a well-formed
-// OTP token.
-func (r *Reconciler) secretOf(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
-	var s corev1.Secret
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: contract.SecretPrefix + name}, &s)
-	if err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	return &s, nil
 }

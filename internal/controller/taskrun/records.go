@@ -28,10 +28,16 @@ func indexTaskRunKey(o client.Object) []string {
 	return []string{o.(*berthv1.Allocation).Spec.TaskRun.Key()}
 }
 
-// recordsOf lists the records of every TaskRun that had this name, oldest first.
-func (r *Reconciler) recordsOf(ctx context.Context, key types.NamespacedName) ([]*berthv1.Allocation, error) {
+// recordStore reads and writes berth's Allocation records, in the controller's namespace.
+type recordStore struct {
+	client    client.Client
+	namespace string
+}
+
+// of lists the records of every TaskRun that had this name, oldest first.
+func (rs *recordStore) of(ctx context.Context, key types.NamespacedName) ([]*berthv1.Allocation, error) {
 	var list berthv1.AllocationList
-	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace),
+	if err := rs.client.List(ctx, &list, client.InNamespace(rs.namespace),
 		client.MatchingFields{taskRunKeyField: key.Namespace + "/" + key.Name}); err != nil {
 		return nil, err
 	}
@@ -43,11 +49,11 @@ func (r *Reconciler) recordsOf(ctx context.Context, key types.NamespacedName) ([
 	return out, nil
 }
 
-// newRecord is the record of a TaskRun about to hold or wait for a slot.
-func (r *Reconciler) newRecord(tr *pipelinev1.TaskRun, strategy config.Strategy) *berthv1.Allocation {
+// forTask is the record of a TaskRun about to hold or wait for a slot.
+func (rs *recordStore) forTask(tr *pipelinev1.TaskRun, strategy config.Strategy) *berthv1.Allocation {
 	return &berthv1.Allocation{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: string(tr.UID), Namespace: r.Namespace,
+			Name: string(tr.UID), Namespace: rs.namespace,
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"},
 		},
 		Spec: berthv1.AllocationSpec{
@@ -59,16 +65,16 @@ func (r *Reconciler) newRecord(tr *pipelinev1.TaskRun, strategy config.Strategy)
 
 // save writes a record: created when new, else replaced under optimistic locking, so a write
 // based on a stale copy fails instead of undoing a newer one.
-func (r *Reconciler) save(ctx context.Context, rec *berthv1.Allocation) error {
+func (rs *recordStore) save(ctx context.Context, rec *berthv1.Allocation) error {
 	if rec.ResourceVersion == "" {
-		return r.Client.Create(ctx, rec)
+		return rs.client.Create(ctx, rec)
 	}
-	return r.Client.Update(ctx, rec)
+	return rs.client.Update(ctx, rec)
 }
 
 // drop deletes a record, only the exact version this decision was made on.
-func (r *Reconciler) drop(ctx context.Context, rec *berthv1.Allocation) error {
-	return client.IgnoreNotFound(r.Client.Delete(ctx, rec,
+func (rs *recordStore) drop(ctx context.Context, rec *berthv1.Allocation) error {
+	return client.IgnoreNotFound(rs.client.Delete(ctx, rec,
 		client.Preconditions{UID: &rec.UID, ResourceVersion: &rec.ResourceVersion}))
 }
 

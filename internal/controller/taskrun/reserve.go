@@ -56,7 +56,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 			return reconcile.Result{}, err
 		}
 	}
-	if err := r.save(ctx, next); err != nil {
+	if err := r.records.save(ctx, next); err != nil {
 		// A reservation made just now and not recorded is not held. One made by an earlier
 		// reconcile is recorded already (this one read a stale copy): it stays.
 		if !grant.Held {

@@ -124,7 +124,7 @@ func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pi
 	if !r.admission(cfg, tr).holdsHost() {
 		return allocation.Request{}, false, nil
 	}
-	if s, err := r.secretOf(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
+	if s, err := r.secrets.of(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
 		return allocation.Request{}, false, err
 	}
 	return allocation.Request{Task: taskOf(tr), Platform: contract.Platform(tr), Created: tr.CreationTimestamp.Time}, true, nil
@@ -142,7 +142,7 @@ func (r *Reconciler) joinLine(ctx context.Context, tr *pipelinev1.TaskRun) bool 
 	if !r.Capacity.Restored() || r.Capacity.Knows(taskOf(tr), contract.Platform(tr)) {
 		return false
 	}
-	if records, err := r.recordsOf(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
+	if records, err := r.records.of(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
 		return false
 	}
 	req, ok, err := r.lineRequest(ctx, r.Config.Config(), tr)
@@ -267,7 +267,7 @@ func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName
 		r.event(ctx, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
 		return false, nil
 	}
-	rec := r.newRecord(tr, config.StrategyStatic)
+	rec := r.records.forTask(tr, config.StrategyStatic)
 	login := loginOf(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
 		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",

@@ -104,7 +104,7 @@ func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 // only when the cache does not show the seal: once per task after a restart or a new leader
 // at most, while it lags behind berth's own write, or when there is no hand-over to find.
 func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (string, error) {
-	s, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+	s, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
 	if err != nil {
 		return "", err
 	}

@@ -11,66 +11,80 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
+// taskSecrets writes and deletes the secrets berth answers tasks with (multi-platform-ssh-<name>),
+// only ever one it wrote for that same TaskRun.
+type taskSecrets struct {
+	client    client.Client
+	apiReader client.Reader
+	recorder  events.EventRecorder
+	mirror    *taskMirror
+}
+
+func (ts *taskSecrets) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
+	tell(ctx, ts.recorder, tr, host, eventType, reason, format, args...)
+}
+
 // fail answers the task with an error secret it prints before it exits.
-func (r *Reconciler) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string) error {
-	if err := r.writeSecret(ctx, tr, tasksecret.ForError(ownerOf(tr), message)); err != nil {
+func (ts *taskSecrets) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string) error {
+	if err := ts.write(ctx, tr, tasksecret.ForError(ownerOf(tr), message)); err != nil {
 		return err
 	}
 	errorSecrets.WithLabelValues(reason).Inc()
-	r.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
-	return r.mirror.patch(ctx, tr, mirrorState{platform: contract.Platform(tr)})
+	ts.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
+	return ts.mirror.patch(ctx, tr, mirrorState{platform: contract.Platform(tr)})
 }
 
-// writeSecret creates the task's secret, or replaces one berth wrote earlier for this same
+// write creates the task's secret, or replaces one berth wrote earlier for this same
 // TaskRun (delete, then create: berth never needs to update a secret). A secret of that name
 // that berth did not write for this TaskRun is left alone and reported.
-func (r *Reconciler) writeSecret(ctx context.Context, tr *pipelinev1.TaskRun, s *corev1.Secret) error {
-	err := r.Client.Create(ctx, s)
+func (ts *taskSecrets) write(ctx context.Context, tr *pipelinev1.TaskRun, s *corev1.Secret) error {
+	err := ts.client.Create(ctx, s)
 	if !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	var existing corev1.Secret
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
+	if err := ts.apiReader.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
 		if apierrors.IsNotFound(err) {
 			return errStale
 		}
 		return err
 	}
 	if !ownedBy(&existing, tr.UID) {
-		r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
+		ts.event(ctx, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
 		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
 	}
-	if err := r.Client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {
+	if err := ts.client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {
 		return err
 	}
-	return r.Client.Create(ctx, s)
+	return ts.client.Create(ctx, s)
 }
 
-// deleteSecret removes the task's secret if berth wrote it for that TaskRun; any other secret
+// delete removes the task's secret if berth wrote it for that TaskRun; any other secret
 // of the name is not berth's to delete.
-func (r *Reconciler) deleteSecret(ctx context.Context, namespace, name string, uid types.UID) error {
-	s, err := r.secretOf(ctx, namespace, name)
+func (ts *taskSecrets) delete(ctx context.Context, namespace, name string, uid types.UID) error {
+	s, err := ts.of(ctx, namespace, name)
 	if err != nil || s == nil || !ownedBy(s, uid) {
 		return err
 	}
-	return client.IgnoreNotFound(r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
+	return client.IgnoreNotFound(ts.client.Delete(ctx, s, client.Preconditions{UID: &s.UID}))
 }
 
-// dropStaleSecret deletes the secret berth wrote under this name for a TaskRun that is gone:
+// dropStale deletes the secret berth wrote under this name for a TaskRun that is gone:
 // one deleted without berth's finalizer (a local or error answer holds none), or replaced by a
 // new TaskRun of the same name (current, "" if none). Also one deleted while berth was down:
 // every secret of berth's reaches this on start.
 // The owner reference would let a garbage collector do this, some time later; berth does not
 // count on one running, and a stale secret would stand in the way of the new TaskRun's answer.
 // A secret berth did not write is never touched.
-func (r *Reconciler) dropStaleSecret(ctx context.Context, key types.NamespacedName, current types.UID) error {
-	s, err := r.secretOf(ctx, key.Namespace, key.Name)
+func (ts *taskSecrets) dropStale(ctx context.Context, key types.NamespacedName, current types.UID) error {
+	s, err := ts.of(ctx, key.Namespace, key.Name)
 	if err != nil || s == nil || s.Labels[contract.SecretLabel] != "true" || ownedBy(s, current) {
 		return err
 	}
@@ -81,13 +95,13 @@ func (r *Reconciler) dropStaleSecret(ctx context.Context, key types.NamespacedNa
 	// The cache may lag behind the apiserver: ask it before deleting a task's only way to start.
 	var live metav1.PartialObjectMetadata
 	live.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
-	switch err := r.APIReader.Get(ctx, key, &live); {
+	switch err := ts.apiReader.Get(ctx, key, &live); {
 	case err == nil && live.UID == writtenFor:
 		return errStale
 	case err != nil && !apierrors.IsNotFound(err):
 		return err
 	}
-	return r.deleteSecret(ctx, key.Namespace, key.Name, writtenFor)
+	return ts.delete(ctx, key.Namespace, key.Name, writtenFor)
 }
 
 // taskRunOwner is the UID of the TaskRun named name that owns the secret ("" if none does).
@@ -115,4 +129,16 @@ func ownedBy(s *corev1.Secret, uid types.UID) bool {
 
 func ownerOf(tr *pipelinev1.TaskRun) tasksecret.Owner {
 	return tasksecret.Owner{Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID}
+}
+
+// of reads the task's secret from the cache, which holds only berth-labelled secrets and
+// of each only what stripSecret keeps: no data but its digest (cachedDigest) and a well-formed
+// OTP token.
+func (ts *taskSecrets) of(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
+	var s corev1.Secret
+	err := ts.client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: contract.SecretPrefix + name}, &s)
+	if err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return &s, nil
 }

@@ -57,6 +57,8 @@ func (r *Reconciler) init() {
 		r.PositionInterval = DefaultPositionInterval
 	}
 	r.mirror = r.newMirror()
+	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
+	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
 	r.Config.OnChange(func(cfg *config.Config) {
 		r.Capacity.SetHosts(ledgerHosts(cfg))
 		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))

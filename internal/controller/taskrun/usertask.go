@@ -16,7 +16,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		return r.finish(ctx, tr, rec)
 	}
 	if rec == nil {
-		secret, err := r.secretOf(ctx, tr.Namespace, tr.Name)
+		secret, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
