@@ -14,15 +14,16 @@ import (
 
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
 // admit decides how the task's platform is served, or why it cannot be.
 func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
-	a := r.admission(r.Config.Config(), tr)
+	a := r.gate.admission(r.Config.Config(), tr)
 	if !a.holdsHost() {
-		r.leaveLine(tr) // refused, or served locally: it never takes a slot
+		r.line.leave(tr) // refused, or served locally: it never takes a slot
 	}
 	switch {
 	case a.reason != "":
@@ -44,14 +45,30 @@ type admission struct {
 // holdsHost tells an admitted task that takes a slot of a host.
 func (a admission) holdsHost() bool { return a.reason == "" && a.strategy.holdsHosts() }
 
+// gate decides which TaskRuns are berth's to serve, and how (see admission).
+type gate struct {
+	namespace  string // the controller's
+	config     *hostconfig.Store
+	strategies strategies
+}
+
+// classify tells user TaskRuns from the rest. A task-type label makes a TaskRun berth's own
+// only in the controller's namespace, where no tenant writes; anywhere else it is ignored.
+func (g gate) classify(tr *pipelinev1.TaskRun) kind {
+	if tr.Namespace == g.namespace && tr.Labels[contract.TaskTypeLabel] != "" {
+		return unrelated
+	}
+	return classifyUser(tr)
+}
+
 // admission decides, from cfg alone (nil: no config in force), whether the task may be served
 // and how.
-func (r *Reconciler) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admission {
+func (g gate) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admission {
 	if cfg == nil {
-		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + r.Namespace + "."
-		if rejected, _ := r.Config.Rejected(); rejected != nil {
+		msg := "berth has no valid host configuration yet, so no platform can be served. Ask the platform team to create or fix the ConfigMap labelled " + contract.ConfigLabel + " in namespace " + g.namespace + "."
+		if rejected, _ := g.config.Rejected(); rejected != nil {
 			msg = fmt.Sprintf("berth's host configuration cannot be used at all (%s), so no platform can be served until it is fixed in the ConfigMap labelled %s in namespace %s.",
-				rejected.Fatal().Summary(), contract.ConfigLabel, r.Namespace)
+				rejected.Fatal().Summary(), contract.ConfigLabel, g.namespace)
 		}
 		return admission{reason: "ConfigInvalid", message: msg}
 	}
@@ -61,7 +78,7 @@ func (r *Reconciler) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admis
 			"namespace %s may not use multi-platform builds (platform %s): it is not in allowed-namespaces of berth's host configuration. Ask the platform team to allow it.", tr.Namespace, platform)}
 	}
 	kind, known := cfg.Strategy(config.Platform(platform))
-	a := admission{kind: kind, strategy: r.strategyFor(kind)}
+	a := admission{kind: kind, strategy: g.strategies.forKind(kind)}
 	switch broken := cfg.Broken(config.Platform(platform)); {
 	case !known:
 		a.reason, a.message = "UnknownPlatform", fmt.Sprintf(
@@ -69,7 +86,7 @@ func (r *Reconciler) admission(cfg *config.Config, tr *pipelinev1.TaskRun) admis
 	case len(broken) > 0:
 		a.reason, a.message = "ConfigInvalid", fmt.Sprintf(
 			"the host configuration of platform %s is broken, so berth cannot serve it (%s). Ask the platform team to fix it in the ConfigMap labelled %s in namespace %s; `berth config validate` lists every problem.",
-			platform, broken.Summary(), contract.ConfigLabel, r.Namespace)
+			platform, broken.Summary(), contract.ConfigLabel, g.namespace)
 	case a.strategy == nil:
 		a.reason, a.message = "PlatformUnsupported", fmt.Sprintf(
 			"platform %s is configured as %s, which this berth does not serve: use a static host or a local platform for it.", platform, kind)

@@ -37,9 +37,9 @@ func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *c
 		return nil, err
 	}
 	for i := range records.Items {
-		r.restoreRecord(&records.Items[i], false)
+		r.line.restoreRecord(&records.Items[i], false)
 	}
-	if err := r.restoreQueue(ctx, records.Items); err != nil {
+	if err := r.line.restoreQueue(ctx, records.Items); err != nil {
 		return nil, err
 	}
 	return r.Capacity.Queue(platform), nil

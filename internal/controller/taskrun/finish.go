@@ -78,7 +78,7 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
 	}
 	next.Status.Phase, next.Status.Login = berthv1.PhaseCleaning, nil
-	next.Status.EndedAt = r.microStamp()
+	next.Status.EndedAt = microStamp(r.now())
 	task := taskOfRecord(rec)
 	// The first pass moves the slot over; a later one (the clean still running) finds it moved.
 	first := !held
@@ -121,7 +121,7 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 	var failedDebt berthv1.Debt
 	var failures []failedClean
 	for _, d := range rec.Status.Debts {
-		if gone, err := r.vmGone(ctx, d.HostLogin); err != nil {
+		if gone, err := r.strategies.vmGone(ctx, d.HostLogin); err != nil {
 			return reconcile.Result{}, err
 		} else if gone {
 			paid = append(paid, d) // the VM went with the user on it
@@ -176,7 +176,7 @@ func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocat
 	})
 	for _, d := range settled {
 		if d.HoldsSlot {
-			if err := r.strategyOf(rec).releasing(ctx, d.Host); err != nil {
+			if err := r.strategies.of(rec).releasing(ctx, d.Host); err != nil {
 				return err
 			}
 		}

@@ -237,7 +237,7 @@ type HostRecords struct{ Reconciler *Reconciler }
 // Reconcile syncs one BuildHost into the ledger, and carries out a forget.
 func (h *HostRecords) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	r := h.Reconciler
-	if done, err := r.restoreOnce(ctx); !done || err != nil {
+	if done, err := r.line.restoreOnce(ctx); !done || err != nil {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, err
 	}
 	var bh berthv1.BuildHost

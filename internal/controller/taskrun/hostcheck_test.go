@@ -1,3 +1,5 @@
+//go:build stack
+
 package taskrun_test
 
 import (

@@ -45,6 +45,7 @@ func TestHandOversGoBeforeArrivals(t *testing.T) {
 	// No config in force: firstLook leaves arrivals to their reconcile.
 	slots := capacity.New()
 	r := &Reconciler{Config: hostconfig.NewStore(), Capacity: slots}
+	r.init()
 	look := r.firstLook()
 	look.Update(ctx, event.UpdateEvent{ObjectOld: taskRunNamed("again"), ObjectNew: doneTaskRun("again")}, q)
 	look.Update(ctx, event.UpdateEvent{ObjectOld: doneTaskRun("again"), ObjectNew: doneTaskRun("again")}, q)

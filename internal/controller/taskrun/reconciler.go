@@ -73,13 +73,14 @@ type Reconciler struct {
 	mirror  *taskMirror
 	secrets *taskSecrets
 	records *recordStore
-	restore sync.Mutex
-	keys    sync.Map // "uid/attempt" → private key of a user being provisioned
-	ready   sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
-	now     func() time.Time
-	// started is when this controller started: only TaskRuns older than that can have been
-	// served by the controller berth replaces.
-	started time.Time
+	// strategies says how each kind of platform is served.
+	strategies strategies
+	gate       gate
+	line       *line
+	restore    sync.Mutex
+	keys       sync.Map // "uid/attempt" → private key of a user being provisioned
+	ready      sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
+	now        func() time.Time
 }
 
 // kind of a TaskRun, by the contract's rules.
@@ -89,15 +90,6 @@ const (
 	unrelated kind = iota
 	userTask
 )
-
-// classify tells user TaskRuns from the rest. A task-type label makes a TaskRun berth's own
-// only in the controller's namespace, where no tenant writes; anywhere else it is ignored.
-func (r *Reconciler) classify(tr *pipelinev1.TaskRun) kind {
-	if tr.Namespace == r.Namespace && tr.Labels[contract.TaskTypeLabel] != "" {
-		return unrelated
-	}
-	return classifyUser(tr)
-}
 
 func classifyUser(tr *pipelinev1.TaskRun) kind {
 	if contract.Platform(tr) == "" || tr.Status.TaskSpec == nil {
@@ -118,13 +110,13 @@ func taskOf(tr *pipelinev1.TaskRun) allocation.Task {
 // Reconcile handles one TaskRun name: the TaskRun, if it is a user task, and every record of
 // a TaskRun that had this name (a deleted one, or one re-created under the same name).
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if done, err := r.restoreOnce(ctx); !done || err != nil {
+	if done, err := r.line.restoreOnce(ctx); !done || err != nil {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, err
 	}
 	var tr *pipelinev1.TaskRun
 	var got pipelinev1.TaskRun
 	switch err := r.Client.Get(ctx, req.NamespacedName, &got); {
-	case err == nil && r.classify(&got) == userTask:
+	case err == nil && r.gate.classify(&got) == userTask:
 		tr = &got
 	case err != nil && !apierrors.IsNotFound(err):
 		return reconcile.Result{}, err

@@ -33,7 +33,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	case grant.Host == "":
 		return r.wait(ctx, tr, rec, grant.Position)
 	}
-	login, ok := r.strategyOf(rec).login(grant.Host)
+	login, ok := r.strategies.of(rec).login(grant.Host)
 	if !ok {
 		r.Capacity.Release(task)
 		return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -49,7 +49,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.Attempt++
 	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.UserDir, next.Status.Message = "", ""
-	next.Status.ReservedAt = r.microStamp()
+	next.Status.ReservedAt = microStamp(r.now())
 	if len(next.Status.SealKey) == 0 {
 		if next.Status.SealKey, err = newSealKey(); err != nil {
 			r.Capacity.Release(task)
@@ -99,7 +99,7 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
 		}
 	}
-	reason, message, recheck := r.strategyOf(rec).busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
+	reason, message, recheck := r.strategies.of(rec).busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
 	if reason != "" {
 		r.Capacity.Release(taskOf(tr))
 		return r.giveUp(ctx, tr, rec, reason, message)

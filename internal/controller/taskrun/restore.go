@@ -4,12 +4,15 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -17,6 +20,8 @@ import (
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/hostops"
 )
 
@@ -24,26 +29,56 @@ import (
 // adoption of TaskRuns left by an earlier controller has happened on this cluster.
 const SwitchoverMarker = "berth-switchover"
 
+// line keeps the ledger's lines true to the cluster: it rebuilds them from the records on
+// start (and adopts what an earlier controller left), and puts a TaskRun in line the moment
+// the watch shows it.
+type line struct {
+	client    client.Client
+	apiReader client.Reader
+	namespace string
+	config    *hostconfig.Store
+	capacity  *capacity.Capacity
+	gate      gate
+	secrets   *taskSecrets
+	records   *recordStore
+	mirror    *taskMirror
+	recorder  events.EventRecorder
+	now       func() time.Time
+	// started is when this controller started: only TaskRuns older than that can have been
+	// served by the controller berth replaces.
+	started time.Time
+	mu      sync.Mutex // one restore at a time
+}
+
+func (l *line) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
+	tell(ctx, l.recorder, tr, host, eventType, reason, format, args...)
+}
+
+// syncHost tells the ledger whether the host takes new builds.
+func (l *line) syncHost(bh *berthv1.BuildHost) {
+	l.capacity.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
+}
+
 // restoreOnce rebuilds the ledger from the records, and only from them, before the first
 // decision: who holds which slot, who waits in which order, which cleanups still hold slots.
 // It needs the config (which hosts exist) and nothing else. Reconciles wait for it.
-func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
-	if r.Capacity.Restored() {
+func (l *line) restoreOnce(ctx context.Context) (bool, error) {
+	if l.capacity.Restored() {
 		return true, nil
 	}
-	r.restore.Lock()
-	defer r.restore.Unlock()
-	if r.Capacity.Restored() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.capacity.Restored() {
 		return true, nil
 	}
-	if !r.Config.Synced() {
+	if !l.config.Synced() {
 		return false, nil
 	}
 	var list berthv1.AllocationList
-	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
+	if err := l.client.List(ctx, &list, client.InNamespace(l.namespace)); err != nil {
 		return false, err
 	}
-	r.restoreTurns(list.Items)
+	l.restoreTurns(list.Items)
 	newest := map[allocation.Task]*berthv1.Allocation{}
 	for i := range list.Items {
 		rec := &list.Items[i]
@@ -53,27 +88,27 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 	}
 	for i := range list.Items {
 		rec := &list.Items[i]
-		r.restoreRecord(rec, newest[taskOfRecord(rec)] != rec)
+		l.restoreRecord(rec, newest[taskOfRecord(rec)] != rec)
 	}
-	if err := r.restoreQueue(ctx, list.Items); err != nil {
+	if err := l.restoreQueue(ctx, list.Items); err != nil {
 		return false, err
 	}
 	// A drained or quarantined host must not be handed out in the moments before the
 	// BuildHost loop gets to it.
 	var hosts berthv1.BuildHostList
-	if err := r.Client.List(ctx, &hosts, client.InNamespace(r.Namespace)); err != nil {
+	if err := l.client.List(ctx, &hosts, client.InNamespace(l.namespace)); err != nil {
 		return false, err
 	}
 	for i := range hosts.Items {
-		r.syncHost(&hosts.Items[i])
+		l.syncHost(&hosts.Items[i])
 	}
-	if err := r.adoptOnce(ctx); err != nil {
+	if err := l.adoptOnce(ctx); err != nil {
 		return false, err
 	}
-	r.Capacity.MarkRestored()
+	l.capacity.MarkRestored()
 	for i := range list.Items {
 		ref := list.Items[i].Spec.TaskRun
-		r.Capacity.Wake(allocation.Task{Namespace: ref.Namespace, Name: ref.Name})
+		l.capacity.Wake(allocation.Task{Namespace: ref.Namespace, Name: ref.Name})
 	}
 	return true, nil
 }
@@ -84,8 +119,8 @@ func (r *Reconciler) restoreOnce(ctx context.Context) (bool, error) {
 // reconciled goes to the first in line and not to whichever the cache listed first. A task
 // queued here that admission then refuses (its namespace or platform no longer allowed) is
 // taken out of the queue by its own reconcile.
-func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocation) error {
-	cfg := r.Config.Config()
+func (l *line) restoreQueue(ctx context.Context, records []berthv1.Allocation) error {
+	cfg := l.config.Config()
 	if cfg == nil {
 		return nil
 	}
@@ -96,7 +131,7 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 	// Read only, so the cache's own objects will do: a copy of every TaskRun of a big cluster
 	// would be the controller's peak of memory.
 	var list pipelinev1.TaskRunList
-	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+	if err := l.client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	for i := range list.Items {
@@ -104,33 +139,33 @@ func (r *Reconciler) restoreQueue(ctx context.Context, records []berthv1.Allocat
 		if recorded[tr.UID] {
 			continue
 		}
-		if req, ok, err := r.lineRequest(ctx, cfg, tr); err != nil {
+		if req, ok, err := l.request(ctx, cfg, tr); err != nil {
 			return err
 		} else if ok {
-			r.Capacity.Enqueue(req)
+			l.capacity.Enqueue(req)
 		}
 	}
 	return nil
 }
 
-// lineRequest is the ledger's request for a user TaskRun that waits for a slot without a
+// request is the ledger's request for a user TaskRun that waits for a slot without a
 // record: still running, admitted by cfg to a platform whose tasks hold hosts, and not answered
 // by a secret of berth's (an error, or a user handed over whose record is gone). ok is false
 // for any other TaskRun. Whoever asks has checked that it has no record.
-func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pipelinev1.TaskRun) (allocation.Request, bool, error) {
-	if tr.IsDone() || tr.DeletionTimestamp != nil || r.classify(tr) != userTask {
+func (l *line) request(ctx context.Context, cfg *config.Config, tr *pipelinev1.TaskRun) (allocation.Request, bool, error) {
+	if tr.IsDone() || tr.DeletionTimestamp != nil || l.gate.classify(tr) != userTask {
 		return allocation.Request{}, false, nil
 	}
-	if !r.admission(cfg, tr).holdsHost() {
+	if !l.gate.admission(cfg, tr).holdsHost() {
 		return allocation.Request{}, false, nil
 	}
-	if s, err := r.secrets.of(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
+	if s, err := l.secrets.of(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
 		return allocation.Request{}, false, err
 	}
 	return allocation.Request{Task: taskOf(tr), Platform: contract.Platform(tr), Created: tr.CreationTimestamp.Time}, true, nil
 }
 
-// joinLine puts a user TaskRun in its platform's line the moment the watch shows it, before
+// join puts a user TaskRun in its platform's line the moment the watch shows it, before
 // its reconcile: the ledger knows every waiter at once, so a freed slot goes by the ledger's
 // turns (namespaces in turn, the oldest first) even while the reconciles that label arrivals
 // wait behind hand-overs (see handOverPriority). It tells whether the task can go now. Its
@@ -138,30 +173,30 @@ func (r *Reconciler) lineRequest(ctx context.Context, cfg *config.Config, tr *pi
 // is refused or answered (leaveLine). Until the queue is restored, restoreQueue does this.
 // Every event of a task the ledger knows (waiting or holding) ends at the first check, so
 // only arrivals cost the cache reads.
-func (r *Reconciler) joinLine(ctx context.Context, tr *pipelinev1.TaskRun) bool {
-	if !r.Capacity.Restored() || r.Capacity.Knows(taskOf(tr), contract.Platform(tr)) {
+func (l *line) join(ctx context.Context, tr *pipelinev1.TaskRun) bool {
+	if !l.capacity.Restored() || l.capacity.Knows(taskOf(tr), contract.Platform(tr)) {
 		return false
 	}
-	if records, err := r.records.of(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
+	if records, err := l.records.of(ctx, client.ObjectKeyFromObject(tr)); err != nil || len(records) > 0 {
 		return false
 	}
-	req, ok, err := r.lineRequest(ctx, r.Config.Config(), tr)
-	return err == nil && ok && r.Capacity.Join(req)
+	req, ok, err := l.request(ctx, l.config.Config(), tr)
+	return err == nil && ok && l.capacity.Join(req)
 }
 
-// leaveLine takes a task that holds no slot out of its line: it was refused or answered
+// leave takes a task that holds no slot out of its line: it was refused or answered
 // without one, and must not stand first in line for a slot it will never take.
-func (r *Reconciler) leaveLine(tr *pipelinev1.TaskRun) {
+func (l *line) leave(tr *pipelinev1.TaskRun) {
 	task := taskOf(tr)
-	if _, held := r.Capacity.Holder(task); !held {
-		r.Capacity.Release(task)
+	if _, held := l.capacity.Holder(task); !held {
+		l.capacity.Release(task)
 	}
 }
 
 // restoreTurns tells the ledger whose turn came when, in the order the records' slots were
 // reserved, so that namespaces take turns after a restart as they did before it (and as
 // `berth status`, which rebuilds the ledger the same way, shows).
-func (r *Reconciler) restoreTurns(records []berthv1.Allocation) {
+func (l *line) restoreTurns(records []berthv1.Allocation) {
 	var reserved []*berthv1.Allocation
 	for i := range records {
 		if records[i].Status.ReservedAt != nil {
@@ -172,7 +207,7 @@ func (r *Reconciler) restoreTurns(records []berthv1.Allocation) {
 		return a.Status.ReservedAt.Time.Compare(b.Status.ReservedAt.Time)
 	})
 	for _, rec := range reserved {
-		r.Capacity.RestoreTurn(rec.Spec.Platform, rec.Spec.TaskRun.Namespace)
+		l.capacity.RestoreTurn(rec.Spec.Platform, rec.Spec.TaskRun.Namespace)
 	}
 }
 
@@ -180,7 +215,7 @@ func (r *Reconciler) restoreTurns(records []berthv1.Allocation) {
 // older TaskRun of a name a newer record also has (one deleted and created again) belongs to a
 // task that has ended: its slot is the clean it owes, not the name's, which the newer TaskRun
 // holds or waits for.
-func (r *Reconciler) restoreRecord(rec *berthv1.Allocation, superseded bool) {
+func (l *line) restoreRecord(rec *berthv1.Allocation, superseded bool) {
 	task := taskOfRecord(rec)
 	switch rec.Status.Phase {
 	case berthv1.PhaseProvisioning, berthv1.PhaseReady:
@@ -190,14 +225,14 @@ func (r *Reconciler) restoreRecord(rec *berthv1.Allocation, superseded bool) {
 		if superseded {
 			task = debtTask(rec, rec.Status.BuildUser)
 		}
-		r.Capacity.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
+		l.capacity.Restore(task, rec.Status.Login.Host, rec.Spec.Platform)
 	case berthv1.PhaseWaiting:
-		r.Capacity.Enqueue(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+		l.capacity.Enqueue(allocation.Request{Task: task, Platform: rec.Spec.Platform,
 			Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
 	}
 	for _, d := range rec.Status.Debts {
 		if d.HoldsSlot {
-			r.Capacity.Restore(debtTask(rec, d.BuildUser), d.Host, d.Platform)
+			l.capacity.Restore(debtTask(rec, d.BuildUser), d.Host, d.Platform)
 		}
 	}
 }
@@ -205,31 +240,31 @@ func (r *Reconciler) restoreRecord(rec *berthv1.Allocation, superseded bool) {
 // adoptOnce takes over, at berth's first start on a cluster, the TaskRuns that an earlier
 // controller (or an earlier berth) left holding a host: each gets a record owing its build user,
 // so its cleanup happens and its finalizer never sticks. After that, labels are never read.
-func (r *Reconciler) adoptOnce(ctx context.Context) error {
+func (l *line) adoptOnce(ctx context.Context) error {
 	var marker corev1.ConfigMap
-	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: SwitchoverMarker}, &marker)
+	err := l.apiReader.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: SwitchoverMarker}, &marker)
 	if err == nil || !apierrors.IsNotFound(err) {
 		return err
 	}
 	var list pipelinev1.TaskRunList
-	if err := r.Client.List(ctx, &list); err != nil {
+	if err := l.client.List(ctx, &list); err != nil {
 		return err
 	}
 	adopted := 0
 	for i := range list.Items {
 		tr := &list.Items[i]
 		host := tr.Labels[contract.AssignedHostLabel]
-		if r.classify(tr) != userTask || host == contract.Localhost ||
+		if l.gate.classify(tr) != userTask || host == contract.Localhost ||
 			(host == "" && !controllerutil.ContainsFinalizer(tr, contract.Finalizer)) {
 			continue
 		}
 		// A TaskRun created after this controller started was never served by another one:
 		// its labels are the tenant's, not a record of anything (the apiserver sets the
 		// creation time; a tenant cannot).
-		if !tr.CreationTimestamp.Time.Before(r.started) {
+		if !tr.CreationTimestamp.Time.Before(l.started) {
 			continue
 		}
-		ok, err := r.adopt(ctx, tr, host)
+		ok, err := l.adopt(ctx, tr, host)
 		if err != nil {
 			return err
 		}
@@ -238,44 +273,44 @@ func (r *Reconciler) adoptOnce(ctx context.Context) error {
 		}
 	}
 	marker = corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: SwitchoverMarker, Namespace: r.Namespace,
+		ObjectMeta: metav1.ObjectMeta{Name: SwitchoverMarker, Namespace: l.namespace,
 			Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}},
-		Data: map[string]string{"adoptedAt": r.now().UTC().Format("2006-01-02T15:04:05Z"), "adopted": strconv.Itoa(adopted)},
+		Data: map[string]string{"adoptedAt": l.now().UTC().Format("2006-01-02T15:04:05Z"), "adopted": strconv.Itoa(adopted)},
 	}
-	return client.IgnoreAlreadyExists(r.Client.Create(ctx, &marker))
+	return client.IgnoreAlreadyExists(l.client.Create(ctx, &marker))
 }
 
-func (r *Reconciler) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName string) (bool, error) {
+func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName string) (bool, error) {
 	var existing berthv1.Allocation
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: string(tr.UID)}, &existing)
+	err := l.client.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: string(tr.UID)}, &existing)
 	if err == nil {
 		return false, nil
 	}
 	if !apierrors.IsNotFound(err) {
 		return false, err
 	}
-	host := r.Config.Host(hostName)
+	host := l.config.Host(hostName)
 	if host == nil {
 		// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
-		r.event(ctx, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
-		return false, client.IgnoreNotFound(r.mirror.patch(ctx, tr, mirrorState{ended: true}))
+		l.event(ctx, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
+		return false, client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true}))
 	}
 	// The labels are still the tenant's to write: they may name a full host. The controller
 	// berth replaces never over-committed, so a task beyond the host's concurrency was not
 	// really there; it is served like a new task instead.
-	if !r.Capacity.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
-		r.event(ctx, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
+	if !l.capacity.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
+		l.event(ctx, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
 		return false, nil
 	}
-	rec := r.records.forTask(tr, config.StrategyStatic)
+	rec := l.records.forTask(tr, config.StrategyStatic)
 	login := loginOf(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
 		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
-		ReservedAt: r.microStamp()}
-	if err := r.Client.Create(ctx, rec); err != nil {
-		r.Capacity.Release(taskOf(tr))
+		ReservedAt: microStamp(l.now())}
+	if err := l.client.Create(ctx, rec); err != nil {
+		l.capacity.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
-	r.event(ctx, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
+	l.event(ctx, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
 	return true, nil
 }

@@ -49,7 +49,6 @@ func (r *Reconciler) init() {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	r.started = r.now()
 	if r.MirrorRevertInterval == 0 {
 		r.MirrorRevertInterval = time.Minute
 	}
@@ -59,6 +58,11 @@ func (r *Reconciler) init() {
 	r.mirror = r.newMirror()
 	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
+	r.strategies = strategies{config: r.Config, vms: r.VMs}
+	r.gate = gate{namespace: r.Namespace, config: r.Config, strategies: r.strategies}
+	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
+		capacity: r.Capacity, gate: r.gate, secrets: r.secrets, records: r.records, mirror: r.mirror,
+		recorder: r.Recorder, now: r.now, started: r.now()}
 	r.Config.OnChange(func(cfg *config.Config) {
 		r.Capacity.SetHosts(ledgerHosts(cfg))
 		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))
@@ -80,7 +84,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		return err
 	}
 	userTasks := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return r.classify(o.(*pipelinev1.TaskRun)) != unrelated
+		return r.gate.classify(o.(*pipelinev1.TaskRun)) != unrelated
 	})
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("taskrun").
@@ -135,7 +139,7 @@ func (r *Reconciler) firstLook() handler.EventHandler {
 			if was, ok := old.(*pipelinev1.TaskRun); !ok || !ended(was) {
 				addFirst(q, tr)
 			}
-		case r.joinLine(ctx, tr):
+		case r.line.join(ctx, tr):
 			addFirst(q, tr) // a slot is free for it
 		}
 	}

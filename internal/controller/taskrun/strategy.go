@@ -37,25 +37,31 @@ type VMs interface {
 	Gone(ctx context.Context, host string) (bool, error)
 }
 
-// strategyFor returns how a platform of this kind is served; nil if this berth cannot serve it.
-func (r *Reconciler) strategyFor(kind config.Strategy) strategy {
+// strategies says how each kind of platform is served.
+type strategies struct {
+	config *hostconfig.Store
+	vms    VMs // nil: dynamic platforms are not served
+}
+
+// forKind returns how a platform of this kind is served; nil if this berth cannot serve it.
+func (ss strategies) forKind(kind config.Strategy) strategy {
 	switch kind {
 	case config.StrategyLocal:
 		return local{}
 	case config.StrategyStatic:
-		return static{r.Config}
+		return static{ss.config}
 	case config.StrategyDynamic, config.StrategyDynamicPool:
-		if r.VMs != nil {
-			return vmStrategy{r.VMs}
+		if ss.vms != nil {
+			return vmStrategy{ss.vms}
 		}
 	}
 	return nil
 }
 
-// strategyOf is how the record's platform is served. A record is only written for a kind that
+// of is how the record's platform is served. A record is only written for a kind that
 // holds hosts; one this berth cannot serve (written by another release) holds nothing here.
-func (r *Reconciler) strategyOf(rec *berthv1.Allocation) strategy {
-	if s := r.strategyFor(config.Strategy(rec.Spec.Strategy)); s != nil {
+func (ss strategies) of(rec *berthv1.Allocation) strategy {
+	if s := ss.forKind(config.Strategy(rec.Spec.Strategy)); s != nil {
 		return s
 	}
 	return local{}
@@ -101,4 +107,12 @@ func (v vmStrategy) busy(platform string, waited time.Duration) (string, string,
 
 func (v vmStrategy) releasing(ctx context.Context, host string) error {
 	return v.vms.Released(ctx, host)
+}
+
+// vmGone tells whether login is a VM that berth has terminated: nothing is owed to it.
+func (ss strategies) vmGone(ctx context.Context, login berthv1.HostLogin) (bool, error) {
+	if login.Instance == "" || ss.vms == nil {
+		return false, nil
+	}
+	return ss.vms.Gone(ctx, login.Host)
 }

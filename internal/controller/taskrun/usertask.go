@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +22,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 			return reconcile.Result{}, err
 		}
 		if secret != nil && ownedBy(secret, tr.UID) {
-			r.leaveLine(tr) // answered already: local or an error
+			r.line.leave(tr) // answered already: local or an error
 			return reconcile.Result{}, nil
 		}
 		return r.admit(ctx, tr)
@@ -55,16 +56,8 @@ func (r *Reconciler) stamp() *metav1.Time {
 	return &t
 }
 
-// microStamp is stamp to the microsecond, for the times latencies are measured from.
-func (r *Reconciler) microStamp() *berthv1.MicroTime {
-	t := berthv1.NewMicroTime(r.now())
-	return &t
-}
-
-// vmGone tells whether login is a VM that berth has terminated: nothing is owed to it.
-func (r *Reconciler) vmGone(ctx context.Context, login berthv1.HostLogin) (bool, error) {
-	if login.Instance == "" || r.VMs == nil {
-		return false, nil
-	}
-	return r.VMs.Gone(ctx, login.Host)
+// microStamp is t to the microsecond, for the times latencies are measured from.
+func microStamp(t time.Time) *berthv1.MicroTime {
+	m := berthv1.NewMicroTime(t)
+	return &m
 }
