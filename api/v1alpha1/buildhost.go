@@ -92,6 +92,16 @@ type BuildHostStatus struct {
 	Leftovers []Leftover `json:"leftovers,omitempty"`
 	// Instance is set on a VM's record.
 	Instance *InstanceStatus `json:"instance,omitempty"`
+	// ObservedGeneration is the metadata.generation of the spec this status was computed from:
+	// a drain, undrain or retirement is not reflected yet while it is behind.
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions are Ready, Quarantined and Draining (see SetConditions), kept alongside the
+	// fields above, which they summarise.
+	//
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // Leftover is a build user whose clean fails on what it left.
@@ -109,14 +119,17 @@ type Leftover struct {
 // BuildHost records a static host, or a VM berth launched, that berth serves from.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bhost
 // +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.spec.hostName`
 // +kubebuilder:printcolumn:name="Platform",type=string,JSONPath=`.status.platform`
 // +kubebuilder:printcolumn:name="VM",type=string,JSONPath=`.status.instance.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Drained",type=boolean,JSONPath=`.spec.drained`
-// +kubebuilder:printcolumn:name="Quarantined",type=boolean,JSONPath=`.status.quarantined`
+// +kubebuilder:printcolumn:name="Quarantined",type=string,JSONPath=`.status.conditions[?(@.type=="Quarantined")].status`
 // +kubebuilder:printcolumn:name="Pending-Cleans",type=integer,JSONPath=`.status.pendingCleans`
-// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.quarantineReason`,priority=1
+// +kubebuilder:printcolumn:name="Why",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Quarantined")].message`,priority=1
 // +kubebuilder:printcolumn:name="Last-Check",type=date,JSONPath=`.status.lastCheck`
 type BuildHost struct {
 	metav1.TypeMeta   `json:",inline"`

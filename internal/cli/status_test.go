@@ -67,8 +67,16 @@ func newStatusEnv(t *testing.T, namespace string) *statusEnv {
 	vm := &berthv1.BuildHost{ObjectMeta: metav1.ObjectMeta{Name: "arm64-vm-1", Namespace: namespace},
 		Spec:   berthv1.BuildHostSpec{Instance: &berthv1.InstanceSpec{Platform: "linux/arm64", Provider: "aws", Slots: 1, AdminUser: "ec2-user", AdminSecret: "ssh"}},
 		Status: berthv1.BuildHostStatus{Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceBooting, ID: "i-0abc"}}}
+	statuses := []berthv1.BuildHostStatus{quarantined.Status, vm.Status}
 	for _, o := range []client.Object{cm, quarantined, vm} {
 		if err := cp.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A create writes no status of a BuildHost: berth writes it apart, as here.
+	for i, bh := range []*berthv1.BuildHost{quarantined, vm} {
+		bh.Status = statuses[i]
+		if err := cp.Client.Status().Update(ctx, bh); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -43,6 +45,18 @@ func buildHostRecord(t *testing.T, host string) *berthv1.BuildHost {
 		t.Fatal(err)
 	}
 	return &bh
+}
+
+// hostCondition is what `kubectl get bhost` shows of host's record: its condition typ, and
+// whether the status was computed from the record's current spec.
+func hostCondition(t *testing.T, host, typ string) (c metav1.Condition, current bool) {
+	t.Helper()
+	bh := buildHostRecord(t, host)
+	found := meta.FindStatusCondition(bh.Status.Conditions, typ)
+	if found == nil {
+		return metav1.Condition{}, false
+	}
+	return *found, bh.Status.ObservedGeneration == bh.Generation && found.ObservedGeneration == bh.Generation
 }
 
 // TestDrainUndrainAndForget drives a host's life through the operator's commands: a drained
@@ -100,6 +114,11 @@ func TestDrainUndrainAndForget(t *testing.T) {
 		bh := buildHostRecord(t, one.Name)
 		ok, err := controllerEvent("DebtForgotten", "build user "+user+" of "+ns+"/"+second.Name)
 		return ok && bh.Spec.Drained && !bh.Spec.Forget && bh.Status.PendingCleans == 0, err
+	})
+	eventually(t, "the record of "+one.Name+" shows it drained, not ready", func() (bool, error) {
+		draining, current := hostCondition(t, one.Name, berthv1.HostDraining)
+		ready, _ := hostCondition(t, one.Name, berthv1.HostReady)
+		return current && draining.Status == metav1.ConditionTrue && ready.Status == metav1.ConditionFalse && ready.Reason == "Drained", nil
 	})
 	finish(t, first)
 	settled(t, ns)

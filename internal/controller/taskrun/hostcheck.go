@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -121,17 +122,18 @@ func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, 
 	blocking := slices.DeleteFunc(slices.Clone(owed), func(o owedClean) bool { return slices.Contains(dirty, o.user) })
 	switch {
 	case !healthy:
-		next.Status.Quarantined, next.Status.QuarantineReason = true, reason
+		next.Quarantine(berthv1.QuarantineCheckFailed, reason, r.now())
 	case len(blocking) > 0 && bh.Status.Quarantined:
 		// Reachable again: its dirty slots are cleaned before it takes new builds.
-		next.Status.QuarantineReason = fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking))
+		next.Quarantine(berthv1.QuarantineCleansPending,
+			fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking)), r.now())
 		for _, o := range owed {
 			r.Notify(o.key)
 		}
 	default:
 		next.Status.Quarantined, next.Status.QuarantineReason = false, ""
 	}
-	if err := r.Client.Update(ctx, next); err != nil {
+	if err := r.writeHostStatus(ctx, next); err != nil {
 		return err
 	}
 	switch {
@@ -174,8 +176,8 @@ func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why stri
 	if bh.Status.Quarantined {
 		return
 	}
-	bh.Status.Quarantined, bh.Status.QuarantineReason = true, "cleanups keep failing: "+why
-	if err := r.Client.Update(ctx, &bh); err != nil {
+	bh.Quarantine(berthv1.QuarantineCleansFailing, "cleanups keep failing: "+why, r.now())
+	if err := r.writeHostStatus(ctx, &bh); err != nil {
 		return
 	}
 	r.hostEvent(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
@@ -201,7 +203,10 @@ func (r *Reconciler) owedByHost(ctx context.Context) (map[string][]owedClean, er
 	return owed, nil
 }
 
-// buildHost reads the host's record, creating it on first sight.
+// buildHost reads the host's record, creating it on first sight. A create writes no status:
+// the new record comes back with its platform and address filled in for the caller's status
+// write (every caller writes one); until then it is a host in service, as it was before it had
+// a record.
 func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*berthv1.BuildHost, error) {
 	var bh berthv1.BuildHost
 	key := client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(host.Name)}
@@ -215,7 +220,6 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 	bh = berthv1.BuildHost{
 		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: r.Namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"}},
 		Spec:       berthv1.BuildHostSpec{HostName: host.Name},
-		Status:     berthv1.BuildHostStatus{Platform: string(host.Platform), Address: host.Address},
 	}
 	if err := r.Client.Create(ctx, &bh); err != nil {
 		if apierrors.IsAlreadyExists(err) {
@@ -223,7 +227,15 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 		}
 		return nil, err
 	}
+	bh.Status.Platform, bh.Status.Address = string(host.Platform), host.Address
 	return &bh, nil
+}
+
+// writeHostStatus writes the status of a host's record, its conditions first brought in line
+// with the rest (see BuildHost.SetConditions). It writes nothing of the spec.
+func (r *Reconciler) writeHostStatus(ctx context.Context, bh *berthv1.BuildHost) error {
+	bh.SetConditions(r.now())
+	return r.Client.Status().Update(ctx, bh)
 }
 
 // syncHost tells the ledger whether the host takes new builds.
@@ -248,18 +260,45 @@ func (h *HostRecords) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		return reconcile.Result{}, r.forgetHost(ctx, &bh)
 	}
 	r.syncHost(&bh)
+	return r.refreshConditions(ctx, &bh)
+}
+
+// refreshConditions writes a static host's conditions again once an operator changed its spec
+// (drain, undrain; the end of a forget). A VM's record is left to its own loop (package vms),
+// and a record berth has written no status to yet is left to its first check: this write
+// would only race theirs.
+func (r *Reconciler) refreshConditions(ctx context.Context, bh *berthv1.BuildHost) (reconcile.Result, error) {
+	if bh.Spec.Instance != nil || bh.Status.ObservedGeneration == 0 {
+		return reconcile.Result{}, nil
+	}
+	next := bh.DeepCopy()
+	next.SetConditions(r.now())
+	if equality.Semantic.DeepEqual(next.Status, bh.Status) {
+		return reconcile.Result{}, nil
+	}
+	if err := r.Client.Status().Update(ctx, next); err != nil {
+		if apierrors.IsConflict(err) {
+			// Written meanwhile (a check): the event of that write brings the record back.
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
 	return reconcile.Result{}, nil
 }
 
 // forgetHost drops every build user owed to the host, frees their slots, and leaves the host
-// drained: for a host that is gone for good.
+// drained: for a host that is gone for good. The status is written first: spec.forget still
+// holds until the second write, so a crash between the two forgets again after the restart.
 func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) error {
 	if err := r.ForgetHost(ctx, bh.Host()); err != nil {
 		return err
 	}
 	next := bh.DeepCopy()
-	next.Spec.Forget, next.Spec.Drained, next.Status.PendingCleans = false, true, 0
-	next.Status.Leftovers = nil
+	next.Status.PendingCleans, next.Status.Leftovers = 0, nil
+	if err := r.writeHostStatus(ctx, next); err != nil {
+		return err
+	}
+	next.Spec.Forget, next.Spec.Drained = false, true
 	if err := r.Client.Update(ctx, next); err != nil {
 		return err
 	}

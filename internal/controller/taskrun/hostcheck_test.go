@@ -9,9 +9,11 @@ import (
 	"time"
 
 	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/devstack"
 )
@@ -66,6 +68,12 @@ func TestFailedHealthCheckQuarantinesTheHostUntilOnePasses(t *testing.T) {
 		ok, err := controllerEvent("HostQuarantined", "host "+sick.Name+" takes no new builds until a check passes: host "+sick.Address+" is unreachable")
 		return ok && metricValue("berth_host_quarantined", "host", sick.Name) == 1, err
 	})
+	eventually(t, "the record of "+sick.Name+" shows it quarantined for the failed check, not ready", func() (bool, error) {
+		q, current := hostCondition(t, sick.Name, berthv1.HostQuarantined)
+		ready, _ := hostCondition(t, sick.Name, berthv1.HostReady)
+		return current && q.Status == metav1.ConditionTrue && q.Reason == berthv1.QuarantineCheckFailed && strings.Contains(q.Message, "unreachable") &&
+			ready.Status == metav1.ConditionFalse && ready.Reason == "Quarantined", nil
+	})
 	restartController(t, controllerOptions()) // no checks
 	if err := sick.Restore(); err != nil {
 		t.Fatal(err)
@@ -111,6 +119,11 @@ func TestFailedHealthCheckQuarantinesTheHostUntilOnePasses(t *testing.T) {
 	eventually(t, sick.Name+" is back in service", func() (bool, error) {
 		ok, err := controllerEvent("HostHealthy", "host "+sick.Name+" passed its check")
 		return ok && metricValue("berth_host_quarantined", "host", sick.Name) == 0, err
+	})
+	eventually(t, "the record of "+sick.Name+" shows it ready", func() (bool, error) {
+		q, current := hostCondition(t, sick.Name, berthv1.HostQuarantined)
+		ready, _ := hostCondition(t, sick.Name, berthv1.HostReady)
+		return current && q.Status == metav1.ConditionFalse && ready.Status == metav1.ConditionTrue, nil
 	})
 	settled(t, ns)
 }

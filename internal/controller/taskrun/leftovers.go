@@ -91,9 +91,10 @@ func (r *Reconciler) dropLeftover(ctx context.Context, host, user string) {
 	}
 }
 
-// editHost changes the host's record with edit (which reports whether it changed anything),
-// on a fresh read, retried on conflict: the host checks and the VM fleet write it too. A static
-// host's record is made on first sight; a host with neither record nor config is skipped.
+// editHost changes the status of the host's record with edit (which reports whether it changed
+// anything), on a fresh read, retried on conflict: the host checks and the VM fleet write it
+// too. A static host's record is made on first sight; a host with neither record nor config is
+// skipped.
 func (r *Reconciler) editHost(ctx context.Context, host string, edit func(*berthv1.BuildHost) bool) (*berthv1.BuildHost, error) {
 	var bh berthv1.BuildHost
 	key := client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(host)}
@@ -115,7 +116,7 @@ func (r *Reconciler) editHost(ctx context.Context, host string, edit func(*berth
 		if !edit(&bh) {
 			return nil
 		}
-		return r.Client.Update(ctx, &bh)
+		return r.writeHostStatus(ctx, &bh)
 	})
 	return &bh, err
 }

@@ -280,7 +280,7 @@ func (f *Fleet) Released(ctx context.Context, host string) error {
 // VM, its platform and instance (a warning line for a Warning; see package warning).
 func (f *Fleet) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {
 	f.Recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
-	log := vmLog.WithValues("host", rec.Name, "platform", rec.Status.Platform, "reason", reason)
+	log := vmLog.WithValues("host", rec.Name, "platform", rec.Spec.Instance.Platform, "reason", reason)
 	if st := rec.Status.Instance; st != nil && st.ID != "" {
 		log = log.WithValues("instance", st.ID)
 	}

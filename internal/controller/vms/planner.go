@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -167,6 +168,12 @@ func (f *Fleet) plan(ctx context.Context, platform string, p fleet.Platform, rec
 			continue
 		}
 		if _, err := f.startTerminating(ctx, rec, reason); err != nil {
+			if apierrors.IsConflict(err) {
+				// Written meanwhile (by the VM loop): the next pass decides again on a fresh
+				// read, and nothing is launched in the place of a VM not yet terminating.
+				f.Kick()
+				return nil
+			}
 			return client.IgnoreNotFound(err)
 		}
 	}
@@ -253,7 +260,8 @@ func (f *Fleet) record(ctx context.Context, d *config.DynamicPlatform) error {
 			Slots: d.SlotsPerVM(), Pooled: d.Pool != nil, Attempt: 1,
 			AdminUser: p.AdminUser(), AdminSecret: d.SSHSecret,
 		}},
-		Status: berthv1.BuildHostStatus{Platform: string(d.Platform), Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching}},
 	}
+	// A create writes no status: a record without one is launching, and the VM loop's first
+	// status write (the cloud's answer) is its first.
 	return f.Client.Create(ctx, rec)
 }

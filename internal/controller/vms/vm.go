@@ -6,6 +6,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -81,7 +83,7 @@ func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.R
 	next.Status.Instance.LaunchedAt = f.stamp()
 	next.Status.Instance.Failures, next.Status.Instance.Message = 0, ""
 	next.Status.Platform = in.Platform
-	if err := f.Client.Update(ctx, next); err != nil {
+	if err := f.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err // the next attempt gets the same instance by the token
 	}
 	f.clearTrouble(in.Platform)
@@ -112,7 +114,7 @@ func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause 
 	next := rec.DeepCopy()
 	next.Status.Instance.Failures++
 	next.Status.Instance.Message = cause.Error()
-	if err := f.Client.Update(ctx, next); err != nil {
+	if err := f.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(cause))
@@ -161,7 +163,7 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 		next := rec.DeepCopy()
 		next.Status.Instance.Message = "waiting for SSH: " + err.Error()
 		if next.Status.Instance.Message != st.Message {
-			if err := f.Client.Update(ctx, next); err != nil {
+			if err := f.writeStatus(ctx, next); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
@@ -170,7 +172,7 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 	next := probe
 	next.Status.Instance.HostKey, next.Status.Instance.Phase = key, berthv1.InstanceReady
 	next.Status.Instance.ReadyAt, next.Status.Instance.Message = f.stamp(), ""
-	if err := f.Client.Update(ctx, next); err != nil {
+	if err := f.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	bootSeconds.WithLabelValues(in.Platform).Observe(next.Status.Instance.ReadyAt.Sub(st.LaunchedAt.Time).Seconds())
@@ -178,7 +180,11 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 	return f.ready(ctx, next)
 }
 
-// relaunch gives up on an instance the cloud lost and launches anew under a new token.
+// relaunch gives up on an instance the cloud lost and launches anew under a new token. The
+// new attempt goes into the spec first, so the cloud never hears a token the record does not
+// hold; then the status forgets the lost instance. A crash between the two writes leaves the
+// lost instance in the status: the next pass finds it lost again and moves on to the attempt
+// after, one attempt spent and nothing launched twice.
 func (f *Fleet) relaunch(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
 	f.warn(rec, "InstanceLost", "%s", why)
 	lost.WithLabelValues(rec.Spec.Instance.Platform).Inc()
@@ -187,8 +193,11 @@ func (f *Fleet) relaunch(ctx context.Context, rec *berthv1.BuildHost, why string
 	}
 	next := rec.DeepCopy()
 	next.Spec.Instance.Attempt++
-	next.Status.Instance = &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching, Message: why}
 	if err := f.Client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	next.Status.Instance = &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching, Message: why}
+	if err := f.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	return f.launch(ctx, next)
@@ -210,20 +219,42 @@ func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 		f.Capacity.RetireHost(rec.Name)
 		return reconcile.Result{}, f.finishTermination(ctx, rec)
 	}
+	// A drain, undrain or retirement changed the spec since the status was written.
+	next := rec.DeepCopy()
+	next.SetConditions(f.now())
+	if !equality.Semantic.DeepEqual(next.Status, rec.Status) {
+		if err := f.Client.Status().Update(ctx, next); err != nil {
+			if apierrors.IsConflict(err) {
+				return reconcile.Result{RequeueAfter: time.Second}, nil // written meanwhile: its event brings it back
+			}
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
 	return reconcile.Result{RequeueAfter: interval}, nil
 }
 
-// startTerminating records the decision to end the VM, then ends it.
+// startTerminating records the decision to end the VM, then ends it. The decision goes into
+// the spec first (spec.instance.retire: no task is handed the VM again, whatever happens
+// next), then the Terminating phase into the status. A crash between the two writes is
+// repaired from the phase the status still shows: launching and booting records that are
+// retired come back here, and a ready one is opened retired and terminated by the planner
+// once free.
 func (f *Fleet) startTerminating(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
 	next := rec.DeepCopy()
 	if next.Spec.Instance.Retire == "" {
 		next.Spec.Instance.Retire = why
-	}
-	next.Status.Instance.Phase = berthv1.InstanceTerminating
-	if err := f.Client.Update(ctx, next); err != nil {
-		return reconcile.Result{}, err
+		if err := f.Client.Update(ctx, next); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	f.Capacity.RetireHost(rec.Name)
+	if next.Status.Instance == nil {
+		next.Status.Instance = &berthv1.InstanceStatus{} // recorded; no status written yet
+	}
+	next.Status.Instance.Phase = berthv1.InstanceTerminating
+	if err := f.writeStatus(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
 	return f.terminate(ctx, next)
 }
 
@@ -240,7 +271,7 @@ func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcil
 			next := rec.DeepCopy()
 			next.Status.Instance.Failures++
 			next.Status.Instance.Message = err.Error()
-			if uerr := f.Client.Update(ctx, next); uerr != nil {
+			if uerr := f.writeStatus(ctx, next); uerr != nil {
 				return reconcile.Result{}, uerr
 			}
 			retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(err))
@@ -273,6 +304,13 @@ func (f *Fleet) deleteRecord(ctx context.Context, rec *berthv1.BuildHost) error 
 	}
 	f.Kick()
 	return nil
+}
+
+// writeStatus writes the status of a VM's record, its conditions first brought in line with
+// the rest (see BuildHost.SetConditions). It writes nothing of the spec.
+func (f *Fleet) writeStatus(ctx context.Context, rec *berthv1.BuildHost) error {
+	rec.SetConditions(f.now())
+	return f.Client.Status().Update(ctx, rec)
 }
 
 func (f *Fleet) stamp() *berthv1.MicroTime {

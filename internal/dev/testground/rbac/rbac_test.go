@@ -158,6 +158,14 @@ func TestControllerHasExactlyItsPermissions(t *testing.T) {
 		return c.Create(ctx, &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "controller-check"},
 			Spec: berthv1.AllocationSpec{TaskRun: berthv1.TaskRunRef{Namespace: userNamespace, Name: "x", UID: "u"}, Platform: "linux/arm64", Strategy: "static", Queued: metav1.Now()}})
 	})
+	allowed(t, "write a BuildHost's status, apart from its spec, in its namespace", func() error {
+		bh := &berthv1.BuildHost{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "controller-check"}, Spec: berthv1.BuildHostSpec{HostName: "controller-check"}}
+		if err := c.Create(ctx, bh); err != nil {
+			return err
+		}
+		bh.Status.Platform = "linux/arm64"
+		return c.Status().Update(ctx, bh)
+	})
 	denied(t, "create an Allocation in a user namespace", func() error {
 		return c.Create(ctx, &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Namespace: userNamespace, Name: "controller-check"},
 			Spec: berthv1.AllocationSpec{TaskRun: berthv1.TaskRunRef{Namespace: userNamespace, Name: "x", UID: "u"}, Platform: "linux/arm64", Strategy: "static", Queued: metav1.Now()}})
