@@ -84,8 +84,8 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 	first := !held
 	if held && r.Capacity.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
 		first = true
-		r.keys.Delete(keyID(rec))
-		r.ready.Delete(keyID(rec))
+		r.keyring.pending.Delete(keyID(rec))
+		r.keyring.handed.Delete(keyID(rec))
 		r.step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
@@ -95,7 +95,7 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 	}
 	// Once, as the task ends: the redemption already refuses keys of an ended task, and the
 	// sweeper deletes what this misses.
-	return next, r.revokeKeys(ctx, next)
+	return next, r.keyring.revoke(ctx, next)
 }
 
 // settleOrphan finishes a record whose TaskRun is gone (or was re-created under its name).

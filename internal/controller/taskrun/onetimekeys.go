@@ -23,49 +23,49 @@ type OneTimeKeys struct {
 	CA func() ([]byte, error)
 }
 
-// readySecret is the secret of a task whose build user is ready: its key, or with the OTP
+// secretFor is the secret of a task whose build user is ready: its key, or with the OTP
 // option a token for it. The key is kept before the secret is written, and bound to the record
 // and its build user: a crash before the secret is written leaves a key whose token nobody
 // has, which the record's next build user (see redo) or its end makes unredeemable, and the
 // sweeper deletes.
-func (r *Reconciler) readySecret(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, userDir string, private []byte) (*corev1.Secret, error) {
+func (k *keyring) secretFor(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, userDir string, private []byte) (*corev1.Secret, error) {
 	host := rec.Status.BuildUser + "@" + rec.Status.Login.Address
-	if r.OTP == nil {
+	if k.otp == nil {
 		return tasksecret.ForHost(ownerOf(tr), tasksecret.Name(tr.Name), host, userDir, private), nil
 	}
-	ca, err := r.OTP.CA()
+	ca, err := k.otp.CA()
 	if err != nil {
 		return nil, err
 	}
-	token, err := r.keptToken(ctx, tr, rec, private)
+	token, err := k.keptToken(ctx, tr, rec, private)
 	if err != nil {
 		return nil, err
 	}
 	if token == "" {
 		// One key of a record is redeemable at a time: one kept by an earlier pass whose
 		// secret was not written goes first.
-		if err := r.revokeKeys(ctx, rec); err != nil {
+		if err := k.revoke(ctx, rec); err != nil {
 			return nil, err
 		}
-		tok, err := r.OTP.Keys.Put(ctx, private, bindingOf(rec), "")
+		tok, err := k.otp.Keys.Put(ctx, private, bindingOf(rec), "")
 		if err != nil {
 			return nil, err
 		}
 		token = tok.String()
 	}
-	return tasksecret.ForOTP(ownerOf(tr), tasksecret.Name(tr.Name), token, r.OTP.URL, ca, host, userDir), nil
+	return tasksecret.ForOTP(ownerOf(tr), tasksecret.Name(tr.Name), token, k.otp.URL, ca, host, userDir), nil
 }
 
 // keptToken is the token of the task's secret if an earlier pass wrote it for this build user
 // and its key is still kept ("" if not): the secret written again holds the same token, so a
 // pod that started in between and read it still gets its key.
-func (r *Reconciler) keptToken(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, private []byte) (string, error) {
-	s, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
+func (k *keyring) keptToken(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, private []byte) (string, error) {
+	s, err := k.secrets.of(ctx, tr.Namespace, tr.Name)
 	if err != nil || s == nil || !ownedBy(s, tr.UID) || len(s.Data["otp"]) == 0 {
 		return "", err
 	}
 	token := string(s.Data["otp"])
-	if held, err := r.OTP.Keys.Holds(ctx, token, *bindingOf(rec), private); err != nil || !held {
+	if held, err := k.otp.Keys.Holds(ctx, token, *bindingOf(rec), private); err != nil || !held {
 		return "", err
 	}
 	return token, nil
@@ -75,12 +75,12 @@ func bindingOf(rec *berthv1.Allocation) *keyserver.Binding {
 	return &keyserver.Binding{Allocation: rec.Name, AllocationUID: rec.UID, BuildUser: rec.Status.BuildUser}
 }
 
-// revokeKeys deletes the record's unredeemed keys: its task ended, its secret was tampered
+// revoke deletes the record's unredeemed keys: its task ended, its secret was tampered
 // with, or its build user is being replaced. Were this cut short, the redemption still refuses
 // them (it checks the record), and the sweeper deletes them.
-func (r *Reconciler) revokeKeys(ctx context.Context, rec *berthv1.Allocation) error {
-	if r.OTP == nil {
+func (k *keyring) revoke(ctx context.Context, rec *berthv1.Allocation) error {
+	if k.otp == nil {
 		return nil
 	}
-	return r.OTP.Keys.Revoke(ctx, rec.Name)
+	return k.otp.Keys.Revoke(ctx, rec.Name)
 }

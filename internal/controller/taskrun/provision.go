@@ -23,7 +23,7 @@ import (
 
 // provision sees the build user's creation through and hands the task its secret.
 func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
-	v, ok := r.keys.Load(keyID(rec))
+	v, ok := r.keyring.pending.Load(keyID(rec))
 	if !ok {
 		// The private key lived only in the process that generated it (a restart, or another
 		// replica): the user made with it is of no use. Remove it and start over under a new
@@ -42,10 +42,10 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	}
 	if out.Err != nil {
 		r.Provisioner.Forget(j.ID)
-		r.keys.Delete(keyID(rec))
+		r.keyring.pending.Delete(keyID(rec))
 		return r.provisioningFailed(ctx, tr, rec, out.Err)
 	}
-	secret, err := r.readySecret(ctx, tr, rec, out.UserDir, keys.private)
+	secret, err := r.keyring.secretFor(ctx, tr, rec, out.UserDir, keys.private)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -54,8 +54,8 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 		return reconcile.Result{}, err
 	}
 	// The sealed secret is the record of the hand-over: the record itself is not written.
-	r.ready.Store(keyID(rec), handedOver)
-	r.keys.Delete(keyID(rec))
+	r.keyring.handed.Store(keyID(rec), handedOver)
+	r.keyring.pending.Delete(keyID(rec))
 	r.Provisioner.Forget(j.ID)
 	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())
 	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, rec.Status.Login.Host, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
@@ -66,7 +66,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, why string) (reconcile.Result, error) {
 	next := rec.DeepCopy()
 	next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser})
-	private, authorized, err := r.NewKey(r.keyType(), tr.Namespace+"/"+tr.Name)
+	pair, err := r.keyring.pair(tr.Namespace + "/" + tr.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -76,10 +76,10 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	if err := r.records.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
+	r.keyring.pending.Store(keyID(next), pair)
 	r.event(ctx, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
 	var results outcomes
-	results.add(reconcile.Result{}, r.revokeKeys(ctx, next)) // a key kept for the old user before the restart
+	results.add(reconcile.Result{}, r.keyring.revoke(ctx, next)) // a key kept for the old user before the restart
 	results.add(r.provision(ctx, tr, next))
 	results.add(r.payDebts(ctx, next))
 	return results.result()
@@ -164,13 +164,13 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 		return reconcile.Result{}, err
 	}
 	// A token the tenant read out of the secret before changing it redeems nothing now.
-	if err := r.revokeKeys(ctx, next); err != nil {
+	if err := r.keyring.revoke(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	if err := r.secrets.write(ctx, tr, errSecret); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.ready.Store(keyID(rec), next.Status.SecretDigest) // a pass on a stale copy of the record judges by it
+	r.keyring.handed.Store(keyID(rec), next.Status.SecretDigest) // a pass on a stale copy of the record judges by it
 	r.mirror.noteRevert(tr)
 	errorSecrets.WithLabelValues("SecretTampered").Inc()
 	r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretTampered", "%s", msg)

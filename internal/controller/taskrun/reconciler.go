@@ -77,6 +77,7 @@ type Reconciler struct {
 	strategies strategies
 	gate       gate
 	line       *line
+	keyring    *keyring
 	restore    sync.Mutex
 	keys       sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready      sync.Map // "uid/attempt" → digest of the secret handed over for a ready user

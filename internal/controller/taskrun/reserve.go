@@ -15,7 +15,6 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
-	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/hostops"
 )
 
@@ -38,7 +37,7 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 		r.Capacity.Release(task)
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
-	private, authorized, err := r.NewKey(r.keyType(), tr.Namespace+"/"+tr.Name)
+	pair, err := r.keyring.pair(tr.Namespace + "/" + tr.Name)
 	if err != nil {
 		r.Capacity.Release(task)
 		return reconcile.Result{}, err
@@ -64,23 +63,13 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 		}
 		return reconcile.Result{}, err
 	}
-	r.keys.Store(keyID(next), keyPair{private: private, authorized: authorized})
+	r.keyring.pending.Store(keyID(next), pair)
 	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
 	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, login.Host, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
 	results.add(r.mirror.sync(ctx, tr, next))
 	results.add(r.provision(ctx, tr, next))
 	return results.result()
-}
-
-type keyPair struct{ private, authorized []byte }
-
-// keyType is the type of the keys build users get now: the config in force decides.
-func (r *Reconciler) keyType() config.KeyType {
-	if cfg := r.Config.Config(); cfg != nil && cfg.UserKeyType != "" {
-		return cfg.UserKeyType
-	}
-	return config.DefaultKeyType
 }
 
 func keyID(rec *berthv1.Allocation) string {

@@ -81,10 +81,10 @@ func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	if rec.Status.SecretTampered {
 		return r.guardSecret(ctx, tr, rec, rec.Status.SecretDigest)
 	}
-	if _, making := r.keys.Load(keyID(rec)); making {
+	if _, making := r.keyring.pending.Load(keyID(rec)); making {
 		return r.provision(ctx, tr, rec)
 	}
-	if d, ok := r.ready.Load(keyID(rec)); ok {
+	if d, ok := r.keyring.handed.Load(keyID(rec)); ok {
 		return r.guardSecret(ctx, tr, rec, d.(string))
 	}
 	d, err := r.handedOver(ctx, tr, rec)
@@ -94,7 +94,7 @@ func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	if d == "" {
 		return r.provision(ctx, tr, rec)
 	}
-	r.ready.Store(keyID(rec), d)
+	r.keyring.handed.Store(keyID(rec), d)
 	return reconcile.Result{}, nil
 }
 
