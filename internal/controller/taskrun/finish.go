@@ -163,7 +163,7 @@ func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (rec
 		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
 		r.recordEvent(ctx, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
 	}
-	r.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
+	r.hosts.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 

@@ -13,16 +13,36 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/warning"
 )
+
+// staticHosts keeps the BuildHost records of static hosts: health, quarantine, what build users
+// left behind, and the conditions they show; and tells the capacity which hosts take builds.
+type staticHosts struct {
+	client    client.Client
+	apiReader client.Reader
+	namespace string
+	config    *hostconfig.Store
+	capacity  *capacity.Capacity
+	recorder  events.EventRecorder
+	now       func() time.Time
+	// cleans judges failed cleans: a host's fault or one build user's (see cleanVerdicts).
+	cleans *cleanVerdicts
+	// quarantineAfter quarantines a host once cleans that show it broken failed that many
+	// times in a row; 0 never does.
+	quarantineAfter int
+}
 
 // HostChecks checks every static host each Interval through the provisioner and keeps its
 // BuildHost record: a failed check quarantines the host; a passing one lifts the quarantine once
@@ -91,7 +111,7 @@ func (h *HostChecks) checkAll(ctx context.Context) error {
 	}
 	var errs []error
 	for i, host := range cfg.Hosts {
-		if err := r.recordHealth(ctx, host, healths[i].Healthy, healths[i].Reason, owed[host.Name]); err != nil {
+		if err := r.hosts.recordHealth(ctx, host, healths[i].Healthy, healths[i].Reason, owed[host.Name]); err != nil {
 			errs = append(errs, fmt.Errorf("host %s: %w", host.Name, err))
 		}
 	}
@@ -99,14 +119,14 @@ func (h *HostChecks) checkAll(ctx context.Context) error {
 }
 
 // recordHealth writes a check's outcome into the host's record and the ledger.
-func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string, owed []owedClean) error {
-	bh, err := r.buildHost(ctx, host)
+func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string, owed []owedClean) error {
+	bh, err := h.record(ctx, host)
 	if err != nil {
 		return err
 	}
 	next := bh.DeepCopy()
 	next.Status.Platform, next.Status.Address = string(host.Platform), host.Address
-	next.Status.LastCheck = r.stamp()
+	next.Status.LastCheck = stamp(h.now())
 	next.Status.PendingCleans = len(owed)
 	// A user told as dirty and no longer owed was removed (or forgotten) since, perhaps by a
 	// controller that did not know it was told.
@@ -115,41 +135,41 @@ func (r *Reconciler) recordHealth(ctx context.Context, host *config.StaticHost, 
 	})
 	// What a build user left keeps only that user's slot: it never keeps the host out of
 	// service (see cleanVerdicts).
-	dirty := r.cleans.dirty(host.Name)
+	dirty := h.cleans.dirty(host.Name)
 	for _, l := range next.Status.Leftovers {
 		dirty = append(dirty, l.BuildUser)
 	}
 	blocking := slices.DeleteFunc(slices.Clone(owed), func(o owedClean) bool { return slices.Contains(dirty, o.user) })
 	switch {
 	case !healthy:
-		next.Quarantine(berthv1.QuarantineCheckFailed, reason, r.now())
+		next.Quarantine(berthv1.QuarantineCheckFailed, reason, h.now())
 	case len(blocking) > 0 && bh.Status.Quarantined:
 		// Reachable again: its dirty slots are cleaned before it takes new builds.
 		next.Quarantine(berthv1.QuarantineCleansPending,
-			fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking)), r.now())
+			fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking)), h.now())
 		for _, o := range owed {
-			r.Notify(o.key)
+			wakeKey(h.capacity, o.key)
 		}
 	default:
 		next.Status.Quarantined, next.Status.QuarantineReason = false, ""
 	}
-	if err := r.writeHostStatus(ctx, next); err != nil {
+	if err := h.writeStatus(ctx, next); err != nil {
 		return err
 	}
 	switch {
 	case next.Status.Quarantined && !bh.Status.Quarantined:
-		r.hostEvent(ctx, next, corev1.EventTypeWarning, "HostQuarantined", "Check", "host %s takes no new builds until a check passes: %s", host.Name, reason)
+		h.event(ctx, next, corev1.EventTypeWarning, "HostQuarantined", "Check", "host %s takes no new builds until a check passes: %s", host.Name, reason)
 	case !next.Status.Quarantined && bh.Status.Quarantined:
-		r.hostEvent(ctx, next, corev1.EventTypeNormal, "HostHealthy", "Check", "host %s passed its check and takes builds again", host.Name)
+		h.event(ctx, next, corev1.EventTypeNormal, "HostHealthy", "Check", "host %s passed its check and takes builds again", host.Name)
 	}
-	r.syncHost(next)
+	h.sync(next)
 	return nil
 }
 
-// hostEvent tells the operator of a change to a host: an Event on its BuildHost, and a log line
+// event tells the operator of a change to a host: an Event on its BuildHost, and a log line
 // with the host and platform (a warning line for a Warning).
-func (r *Reconciler) hostEvent(ctx context.Context, bh *berthv1.BuildHost, eventType, reason, action, format string, args ...any) {
-	r.Recorder.Eventf(bh, nil, eventType, reason, action, "%s", incident.Note(fmt.Sprintf(format, args...)))
+func (h *staticHosts) event(ctx context.Context, bh *berthv1.BuildHost, eventType, reason, action, format string, args ...any) {
+	h.recorder.Eventf(bh, nil, eventType, reason, action, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	log := logf.FromContext(ctx).WithValues("host", bh.Host(), "platform", bh.Status.Platform, "reason", reason)
 	if eventType == corev1.EventTypeWarning {
 		warning.Log(log, fmt.Sprintf(format, args...))
@@ -160,14 +180,14 @@ func (r *Reconciler) hostEvent(ctx context.Context, bh *berthv1.BuildHost, event
 
 // quarantineForCleans takes a host out of service whose cleanups keep failing in a way that
 // shows it broken (see cleanVerdicts.failed).
-func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why string) {
+func (h *staticHosts) quarantineForCleans(ctx context.Context, hostName, why string) {
 	var bh berthv1.BuildHost
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(hostName)}, &bh); err != nil {
-		host := r.Config.Host(hostName)
+	if err := h.client.Get(ctx, client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(hostName)}, &bh); err != nil {
+		host := h.config.Host(hostName)
 		if host == nil {
 			return
 		}
-		created, err := r.buildHost(ctx, host)
+		created, err := h.record(ctx, host)
 		if err != nil {
 			return
 		}
@@ -176,12 +196,12 @@ func (r *Reconciler) quarantineForCleans(ctx context.Context, hostName, why stri
 	if bh.Status.Quarantined {
 		return
 	}
-	bh.Quarantine(berthv1.QuarantineCleansFailing, "cleanups keep failing: "+why, r.now())
-	if err := r.writeHostStatus(ctx, &bh); err != nil {
+	bh.Quarantine(berthv1.QuarantineCleansFailing, "cleanups keep failing: "+why, h.now())
+	if err := h.writeStatus(ctx, &bh); err != nil {
 		return
 	}
-	r.hostEvent(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
-	r.syncHost(&bh)
+	h.event(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
+	h.sync(&bh)
 }
 
 // owedClean is a build user a record owes a host: the TaskRun key (namespace/name) of the
@@ -203,14 +223,14 @@ func (r *Reconciler) owedByHost(ctx context.Context) (map[string][]owedClean, er
 	return owed, nil
 }
 
-// buildHost reads the host's record, creating it on first sight. A create writes no status:
+// record reads the host's record, creating it on first sight. A create writes no status:
 // the new record comes back with its platform and address filled in for the caller's status
 // write (every caller writes one); until then it is a host in service, as it was before it had
 // a record.
-func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*berthv1.BuildHost, error) {
+func (h *staticHosts) record(ctx context.Context, host *config.StaticHost) (*berthv1.BuildHost, error) {
 	var bh berthv1.BuildHost
-	key := client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(host.Name)}
-	err := r.Client.Get(ctx, key, &bh)
+	key := client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(host.Name)}
+	err := h.client.Get(ctx, key, &bh)
 	if err == nil {
 		return &bh, nil
 	}
@@ -218,12 +238,12 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 		return nil, err
 	}
 	bh = berthv1.BuildHost{
-		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: r.Namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"}},
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: h.namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"}},
 		Spec:       berthv1.BuildHostSpec{HostName: host.Name},
 	}
-	if err := r.Client.Create(ctx, &bh); err != nil {
+	if err := h.client.Create(ctx, &bh); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return &bh, r.APIReader.Get(ctx, key, &bh)
+			return &bh, h.apiReader.Get(ctx, key, &bh)
 		}
 		return nil, err
 	}
@@ -231,16 +251,16 @@ func (r *Reconciler) buildHost(ctx context.Context, host *config.StaticHost) (*b
 	return &bh, nil
 }
 
-// writeHostStatus writes the status of a host's record, its conditions first brought in line
+// writeStatus writes the status of a host's record, its conditions first brought in line
 // with the rest (see BuildHost.SetConditions). It writes nothing of the spec.
-func (r *Reconciler) writeHostStatus(ctx context.Context, bh *berthv1.BuildHost) error {
-	bh.SetConditions(r.now())
-	return r.Client.Status().Update(ctx, bh)
+func (h *staticHosts) writeStatus(ctx context.Context, bh *berthv1.BuildHost) error {
+	bh.SetConditions(h.now())
+	return h.client.Status().Update(ctx, bh)
 }
 
-// syncHost tells the ledger whether the host takes new builds.
-func (r *Reconciler) syncHost(bh *berthv1.BuildHost) {
-	r.Capacity.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
+// sync tells the ledger whether the host takes new builds.
+func (h *staticHosts) sync(bh *berthv1.BuildHost) {
+	h.capacity.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
 }
 
 // HostRecords applies what operators do to BuildHost records (drain, undrain, forget).
@@ -259,24 +279,24 @@ func (h *HostRecords) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if bh.Spec.Forget {
 		return reconcile.Result{}, r.forgetHost(ctx, &bh)
 	}
-	r.syncHost(&bh)
-	return r.refreshConditions(ctx, &bh)
+	r.hosts.sync(&bh)
+	return r.hosts.refreshConditions(ctx, &bh)
 }
 
 // refreshConditions writes a static host's conditions again once an operator changed its spec
 // (drain, undrain; the end of a forget). A VM's record is left to its own loop (package vms),
 // and a record berth has written no status to yet is left to its first check: this write
 // would only race theirs.
-func (r *Reconciler) refreshConditions(ctx context.Context, bh *berthv1.BuildHost) (reconcile.Result, error) {
+func (h *staticHosts) refreshConditions(ctx context.Context, bh *berthv1.BuildHost) (reconcile.Result, error) {
 	if bh.Spec.Instance != nil || bh.Status.ObservedGeneration == 0 {
 		return reconcile.Result{}, nil
 	}
 	next := bh.DeepCopy()
-	next.SetConditions(r.now())
+	next.SetConditions(h.now())
 	if equality.Semantic.DeepEqual(next.Status, bh.Status) {
 		return reconcile.Result{}, nil
 	}
-	if err := r.Client.Status().Update(ctx, next); err != nil {
+	if err := h.client.Status().Update(ctx, next); err != nil {
 		if apierrors.IsConflict(err) {
 			// Written meanwhile (a check): the event of that write brings the record back.
 			return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -295,21 +315,21 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 	}
 	next := bh.DeepCopy()
 	next.Status.PendingCleans, next.Status.Leftovers = 0, nil
-	if err := r.writeHostStatus(ctx, next); err != nil {
+	if err := r.hosts.writeStatus(ctx, next); err != nil {
 		return err
 	}
 	next.Spec.Forget, next.Spec.Drained = false, true
 	if err := r.Client.Update(ctx, next); err != nil {
 		return err
 	}
-	r.syncHost(next)
+	r.hosts.sync(next)
 	return nil
 }
 
 // ForgetHost drops every build user owed to the host and frees the slots they held: for a host
 // gone for good (forgotten by an operator, or a VM berth terminated).
 func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
-	r.cleans.forgetHost(host)
+	r.hosts.cleans.forgetHost(host)
 	var list berthv1.AllocationList
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return err

@@ -32,10 +32,10 @@ const maxWhat = 1024
 // quarantines it (see cleanVerdicts.failed), one a build user is to blame for is told on the
 // host's record and nowhere costs more than the user's own slot, and a paid debt clears what
 // was told of its user. failures is the record's count of failed passes in a row.
-func (r *Reconciler) judgeCleans(ctx context.Context, rec *berthv1.Allocation, paid []berthv1.Debt, failed []failedClean, failures int, retry time.Duration) {
+func (h *staticHosts) judgeCleans(ctx context.Context, rec *berthv1.Allocation, paid []berthv1.Debt, failed []failedClean, failures int, retry time.Duration) {
 	for _, d := range paid {
-		if r.cleans.settled(d.Host, d.BuildUser) {
-			r.dropLeftover(ctx, d.Host, d.BuildUser)
+		if h.cleans.settled(d.Host, d.BuildUser) {
+			h.dropLeftover(ctx, d.Host, d.BuildUser)
 		}
 	}
 	for _, f := range failed {
@@ -44,24 +44,24 @@ func (r *Reconciler) judgeCleans(ctx context.Context, rec *berthv1.Allocation, p
 		if left != nil {
 			seen.what = bounded(left.What)
 		}
-		broken := r.cleans.failed(f.debt.Host, f.debt.BuildUser, seen, r.QuarantineAfterCleanFailures)
+		broken := h.cleans.failed(f.debt.Host, f.debt.BuildUser, seen, h.quarantineAfter)
 		switch {
 		case left != nil:
-			r.noteLeftover(ctx, rec, f.debt, seen, retry)
+			h.noteLeftover(ctx, rec, f.debt, seen, retry)
 		case broken && fault == faultHost:
-			r.quarantineForCleans(ctx, f.debt.Host, fmt.Sprintf("berth cannot log in to it: %v", f.err))
+			h.quarantineForCleans(ctx, f.debt.Host, fmt.Sprintf("berth cannot log in to it: %v", f.err))
 		case broken:
-			r.quarantineForCleans(ctx, f.debt.Host, fmt.Sprintf("cleans of build users of different namespaces (%s) fail there, last: removing build user %s: %v",
-				strings.Join(r.cleans.unclearNamespaces(f.debt.Host), ", "), f.debt.BuildUser, f.err))
+			h.quarantineForCleans(ctx, f.debt.Host, fmt.Sprintf("cleans of build users of different namespaces (%s) fail there, last: removing build user %s: %v",
+				strings.Join(h.cleans.unclearNamespaces(f.debt.Host), ", "), f.debt.BuildUser, f.err))
 		}
 	}
 }
 
 // noteLeftover tells, on the host's record and in an Event on it, what a build user left that
 // its clean cannot remove. The host stays in service.
-func (r *Reconciler) noteLeftover(ctx context.Context, rec *berthv1.Allocation, d berthv1.Debt, f cleanFailure, retry time.Duration) {
-	bh, err := r.editHost(ctx, d.Host, func(bh *berthv1.BuildHost) bool {
-		entry := berthv1.Leftover{BuildUser: d.BuildUser, TaskRun: f.taskRun, What: f.what, Failures: f.failures, LastFailure: metav1.NewTime(r.now())}
+func (h *staticHosts) noteLeftover(ctx context.Context, rec *berthv1.Allocation, d berthv1.Debt, f cleanFailure, retry time.Duration) {
+	bh, err := h.edit(ctx, d.Host, func(bh *berthv1.BuildHost) bool {
+		entry := berthv1.Leftover{BuildUser: d.BuildUser, TaskRun: f.taskRun, What: f.what, Failures: f.failures, LastFailure: metav1.NewTime(h.now())}
 		i := slices.IndexFunc(bh.Status.Leftovers, func(l berthv1.Leftover) bool { return l.BuildUser == d.BuildUser })
 		if i < 0 {
 			bh.Status.Leftovers = append(bh.Status.Leftovers, entry)
@@ -74,14 +74,14 @@ func (r *Reconciler) noteLeftover(ctx context.Context, rec *berthv1.Allocation, 
 		logf.FromContext(ctx).Error(err, "recording what a build user left", "host", d.Host, "user", d.BuildUser)
 		return
 	}
-	r.hostEvent(ctx, bh, corev1.EventTypeWarning, "BuildUserLeftovers", "Clean",
+	h.event(ctx, bh, corev1.EventTypeWarning, "BuildUserLeftovers", "Clean",
 		"build user %s of %s left %s, which its clean cannot remove; the user's slot stays owed (and counts against namespace %s) and its clean is retried in %s; the host stays in service",
 		d.BuildUser, f.taskRun, f.what, rec.Spec.TaskRun.Namespace, retry)
 }
 
 // dropLeftover takes a build user that is gone off its host's record.
-func (r *Reconciler) dropLeftover(ctx context.Context, host, user string) {
-	_, err := r.editHost(ctx, host, func(bh *berthv1.BuildHost) bool {
+func (h *staticHosts) dropLeftover(ctx context.Context, host, user string) {
+	_, err := h.edit(ctx, host, func(bh *berthv1.BuildHost) bool {
 		n := len(bh.Status.Leftovers)
 		bh.Status.Leftovers = slices.DeleteFunc(bh.Status.Leftovers, func(l berthv1.Leftover) bool { return l.BuildUser == user })
 		return len(bh.Status.Leftovers) != n
@@ -91,21 +91,21 @@ func (r *Reconciler) dropLeftover(ctx context.Context, host, user string) {
 	}
 }
 
-// editHost changes the status of the host's record with edit (which reports whether it changed
+// edit changes the status of the host's record with edit (which reports whether it changed
 // anything), on a fresh read, retried on conflict: the host checks and the VM fleet write it
 // too. A static host's record is made on first sight; a host with neither record nor config is
 // skipped.
-func (r *Reconciler) editHost(ctx context.Context, host string, edit func(*berthv1.BuildHost) bool) (*berthv1.BuildHost, error) {
+func (h *staticHosts) edit(ctx context.Context, host string, edit func(*berthv1.BuildHost) bool) (*berthv1.BuildHost, error) {
 	var bh berthv1.BuildHost
-	key := client.ObjectKey{Namespace: r.Namespace, Name: berthv1.BuildHostName(host)}
+	key := client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(host)}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		err := r.APIReader.Get(ctx, key, &bh)
+		err := h.apiReader.Get(ctx, key, &bh)
 		if apierrors.IsNotFound(err) {
-			static := r.Config.Host(host)
+			static := h.config.Host(host)
 			if static == nil {
 				return fmt.Errorf("host %s has no record and is not configured", host)
 			}
-			made, err := r.buildHost(ctx, static)
+			made, err := h.record(ctx, static)
 			if err != nil {
 				return err
 			}
@@ -116,7 +116,7 @@ func (r *Reconciler) editHost(ctx context.Context, host string, edit func(*berth
 		if !edit(&bh) {
 			return nil
 		}
-		return r.writeHostStatus(ctx, &bh)
+		return h.writeStatus(ctx, &bh)
 	})
 	return &bh, err
 }

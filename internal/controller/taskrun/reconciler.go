@@ -62,8 +62,6 @@ type Reconciler struct {
 	// QuarantineAfterCleanFailures quarantines a host once cleans that show it broken (see
 	// cleanVerdicts.failed) failed that many times in a row; 0 never does.
 	QuarantineAfterCleanFailures int
-	// cleans judges failed cleans: a host's fault or one build user's (see cleanVerdicts).
-	cleans cleanVerdicts
 	// PositionInterval is the least time between two writes of a waiting TaskRun's place in
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
@@ -78,6 +76,7 @@ type Reconciler struct {
 	gate       gate
 	line       *line
 	keyring    *keyring
+	hosts      *staticHosts
 	restore    sync.Mutex
 	keys       sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready      sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
@@ -190,9 +189,12 @@ func send(ch chan event.GenericEvent, namespace, name string) {
 }
 
 // Notify is the provisioner's way back: a host job of the TaskRun namespace/name ended.
-func (r *Reconciler) Notify(key string) {
+func (r *Reconciler) Notify(key string) { wakeKey(r.Capacity, key) }
+
+// wakeKey wakes the TaskRun of key, namespace/name.
+func wakeKey(c *capacity.Capacity, key string) {
 	ns, name, _ := strings.Cut(key, "/")
-	r.Capacity.Wake(allocation.Task{Namespace: ns, Name: name})
+	c.Wake(allocation.Task{Namespace: ns, Name: name})
 }
 
 // event tells the TaskRun's owner what berth did or why it waits (an Event on the TaskRun)

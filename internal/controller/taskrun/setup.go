@@ -59,6 +59,8 @@ func (r *Reconciler) init() {
 	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
 	r.strategies = strategies{config: r.Config, vms: r.VMs}
+	r.hosts = &staticHosts{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
+		capacity: r.Capacity, recorder: r.Recorder, now: r.now, cleans: &cleanVerdicts{}, quarantineAfter: r.QuarantineAfterCleanFailures}
 	r.keyring = &keyring{config: r.Config, newKey: r.NewKey, otp: r.OTP, secrets: r.secrets}
 	r.gate = gate{namespace: r.Namespace, config: r.Config, strategies: r.strategies}
 	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,

@@ -51,9 +51,9 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	return results.result()
 }
 
-func (r *Reconciler) stamp() *metav1.Time {
-	t := metav1.NewTime(r.now())
-	return &t
+func stamp(t time.Time) *metav1.Time {
+	m := metav1.NewTime(t)
+	return &m
 }
 
 // microStamp is t to the microsecond, for the times latencies are measured from.
