@@ -124,7 +124,7 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 	}
 	err := r.mirror.patch(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
 	if err == nil {
-		r.step(ctx, tr.Namespace+"/"+tr.Name, platform, contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", platform)
+		step(ctx, tr.Namespace+"/"+tr.Name, platform, contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", platform)
 	}
 	return err
 }

@@ -5,12 +5,8 @@ package taskrun
 
 import (
 	"context"
-	"fmt"
-	"slices"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -48,7 +44,7 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		r.mirror.forget(tr.UID)
 		return reconcile.Result{}, nil
 	}
-	return r.payDebts(ctx, rec)
+	return r.debts.pay(ctx, rec)
 }
 
 // releaseUnrecorded takes a task the cache shows no record of out of the ledger's queues. A
@@ -86,7 +82,7 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 		first = true
 		r.keyring.pending.Delete(keyID(rec))
 		r.keyring.handed.Delete(keyID(rec))
-		r.step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
+		step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
 	r.Capacity.Release(task)
@@ -109,98 +105,5 @@ func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) 
 		return reconcile.Result{}, err
 	}
 	r.mirror.forget(ref.UID)
-	return r.payDebts(ctx, rec)
-}
-
-// payDebts removes owed build users, with backoff on failure, whatever the config says now:
-// the record holds the address and admin-key reference. A paid debt frees its slot; a record
-// with nothing owed and no running task goes.
-func (r *Reconciler) payDebts(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
-	var paid []berthv1.Debt
-	var failed error
-	var failedDebt berthv1.Debt
-	var failures []failedClean
-	for _, d := range rec.Status.Debts {
-		if gone, err := r.strategies.vmGone(ctx, d.HostLogin); err != nil {
-			return reconcile.Result{}, err
-		} else if gone {
-			paid = append(paid, d) // the VM went with the user on it
-			continue
-		}
-		j := job(rec, d.HostLogin, d.BuildUser)
-		out := r.Provisioner.Clean(ctx, j)
-		switch {
-		case !out.Done:
-		case out.Err != nil:
-			r.Provisioner.Forget(j.ID)
-			if failed == nil {
-				failed, failedDebt = out.Err, d
-			}
-			failures = append(failures, failedClean{debt: d, err: out.Err})
-		default:
-			paid = append(paid, d)
-		}
-	}
-	if len(paid) == 0 && failed == nil {
-		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
-			return reconcile.Result{}, r.records.drop(ctx, rec)
-		}
-		return reconcile.Result{}, nil
-	}
-	next := rec.DeepCopy()
-	var retry time.Duration
-	if failed != nil {
-		next.Status.CleanFailures++
-		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", failedDebt.BuildUser, failedDebt.Host, failed)
-		retry = cleanBackoff(next.Status.CleanFailures)
-	} else {
-		next.Status.CleanFailures = 0
-	}
-	if err := r.settleDebts(ctx, rec, next, paid); err != nil {
-		return reconcile.Result{}, err
-	}
-	if failed != nil {
-		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
-		r.recordEvent(ctx, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
-	}
-	r.hosts.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
-	return reconcile.Result{RequeueAfter: retry}, nil
-}
-
-// settleDebts records that the debts in settled are no longer owed (paid, or forgotten): next,
-// rec's update, is written without them, or the record goes when its task has ended and it owes
-// nothing more. Then their jobs are forgotten and the slots they held freed.
-func (r *Reconciler) settleDebts(ctx context.Context, rec, next *berthv1.Allocation, settled []berthv1.Debt) error {
-	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
-		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
-	})
-	for _, d := range settled {
-		if d.HoldsSlot {
-			if err := r.strategies.of(rec).releasing(ctx, d.Host); err != nil {
-				return err
-			}
-		}
-	}
-	var err error
-	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
-		err = r.records.drop(ctx, rec)
-	} else {
-		err = r.records.save(ctx, next)
-	}
-	if err != nil {
-		return err
-	}
-	for _, d := range settled {
-		r.Provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
-		if d.HoldsSlot {
-			r.Capacity.Release(debtTask(rec, d.BuildUser))
-		}
-	}
-	return nil
-}
-
-// cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to five minutes.
-func cleanBackoff(failures int) time.Duration {
-	d := time.Second << min(failures-1, 9)
-	return min(d, 5*time.Minute)
+	return r.debts.pay(ctx, rec)
 }

@@ -105,7 +105,7 @@ func (h *HostChecks) checkAll(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	owed, err := r.owedByHost(ctx)
+	owed, err := r.debts.byHost(ctx)
 	if err != nil {
 		return err
 	}
@@ -207,21 +207,6 @@ func (h *staticHosts) quarantineForCleans(ctx context.Context, hostName, why str
 // owedClean is a build user a record owes a host: the TaskRun key (namespace/name) of the
 // record, and the user.
 type owedClean struct{ key, user string }
-
-// owedByHost lists, per host, the build users records owe it.
-func (r *Reconciler) owedByHost(ctx context.Context) (map[string][]owedClean, error) {
-	var list berthv1.AllocationList
-	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
-		return nil, err
-	}
-	owed := map[string][]owedClean{}
-	for _, rec := range list.Items {
-		for _, d := range rec.Status.Debts {
-			owed[d.Host] = append(owed[d.Host], owedClean{key: rec.Spec.TaskRun.Key(), user: d.BuildUser})
-		}
-	}
-	return owed, nil
-}
 
 // record reads the host's record, creating it on first sight. A create writes no status:
 // the new record comes back with its platform and address filled in for the caller's status
@@ -329,29 +314,5 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 // ForgetHost drops every build user owed to the host and frees the slots they held: for a host
 // gone for good (forgotten by an operator, or a VM berth terminated).
 func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
-	r.hosts.cleans.forgetHost(host)
-	var list berthv1.AllocationList
-	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
-		return err
-	}
-	for i := range list.Items {
-		rec := &list.Items[i]
-		var dropped []berthv1.Debt
-		for _, d := range rec.Status.Debts {
-			if d.Host == host {
-				dropped = append(dropped, d)
-			}
-		}
-		if len(dropped) == 0 {
-			continue
-		}
-		if err := r.settleDebts(ctx, rec, rec.DeepCopy(), dropped); err != nil {
-			return err
-		}
-		for _, d := range dropped {
-			r.recordEvent(ctx, rec, d.Host, corev1.EventTypeWarning, "DebtForgotten",
-				"build user %s of %s is no longer removed from host %s: the host is gone or was forgotten; if it comes back, remove the user by hand", d.BuildUser, rec.Spec.TaskRun.Key(), d.Host)
-		}
-	}
-	return nil
+	return r.debts.forgetHost(ctx, host)
 }

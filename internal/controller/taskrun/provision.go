@@ -58,7 +58,7 @@ func (r *Reconciler) provision(ctx context.Context, tr *pipelinev1.TaskRun, rec 
 	r.keyring.pending.Delete(keyID(rec))
 	r.Provisioner.Forget(j.ID)
 	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(rec.Status.ReservedAt.Time).Seconds())
-	r.step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, rec.Status.Login.Host, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
+	step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, rec.Status.Login.Host, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
 	return reconcile.Result{}, nil
 }
 
@@ -81,7 +81,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 	var results outcomes
 	results.add(reconcile.Result{}, r.keyring.revoke(ctx, next)) // a key kept for the old user before the restart
 	results.add(r.provision(ctx, tr, next))
-	results.add(r.payDebts(ctx, next))
+	results.add(r.debts.pay(ctx, next))
 	return results.result()
 }
 
@@ -119,7 +119,7 @@ func (r *Reconciler) provisioningFailed(ctx context.Context, tr *pipelinev1.Task
 	}
 	r.hostFailed(ctx, tr, next, login.Host, reason, cause, why)
 	var results outcomes
-	results.add(r.payDebts(ctx, next))
+	results.add(r.debts.pay(ctx, next))
 	results.add(r.reserve(ctx, tr, next))
 	return results.result()
 }
@@ -193,5 +193,5 @@ func (r *Reconciler) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	if err := r.records.save(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	return r.payDebts(ctx, next)
+	return r.debts.pay(ctx, next)
 }

@@ -77,6 +77,7 @@ type Reconciler struct {
 	line       *line
 	keyring    *keyring
 	hosts      *staticHosts
+	debts      *debts
 	restore    sync.Mutex
 	keys       sync.Map // "uid/attempt" → private key of a user being provisioned
 	ready      sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
@@ -212,14 +213,14 @@ func tell(ctx context.Context, recorder events.EventRecorder, tr *pipelinev1.Tas
 // step is a routine step that went as it should (a host assigned, a user made, a host
 // released): a log line, and no Event. Events are for what a person must learn (a refusal, a
 // failure, a wait), so a task that goes well costs the apiserver no Event writes at all.
-func (r *Reconciler) step(ctx context.Context, taskRun, platform, host, reason, format string, args ...any) {
+func step(ctx context.Context, taskRun, platform, host, reason, format string, args ...any) {
 	logStep(ctx, taskRun, platform, host, corev1.EventTypeNormal, reason, fmt.Sprintf(format, args...))
 }
 
-// recordEvent is event for a step taken for a record (its TaskRun may be gone): the Event goes
+// tellRecord is tell for a step taken for a record (its TaskRun may be gone): the Event goes
 // on the record, in berth's namespace.
-func (r *Reconciler) recordEvent(ctx context.Context, rec *berthv1.Allocation, host, eventType, reason, format string, args ...any) {
-	r.Recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
+func tellRecord(ctx context.Context, recorder events.EventRecorder, rec *berthv1.Allocation, host, eventType, reason, format string, args ...any) {
+	recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	logStep(ctx, rec.Spec.TaskRun.Key(), rec.Spec.Platform, host, eventType, reason, fmt.Sprintf(format, args...))
 }
 

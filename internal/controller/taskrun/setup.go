@@ -61,6 +61,8 @@ func (r *Reconciler) init() {
 	r.strategies = strategies{config: r.Config, vms: r.VMs}
 	r.hosts = &staticHosts{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
 		capacity: r.Capacity, recorder: r.Recorder, now: r.now, cleans: &cleanVerdicts{}, quarantineAfter: r.QuarantineAfterCleanFailures}
+	r.debts = &debts{client: r.Client, namespace: r.Namespace, provisioner: r.Provisioner, capacity: r.Capacity,
+		strategies: r.strategies, records: r.records, hosts: r.hosts, recorder: r.Recorder}
 	r.keyring = &keyring{config: r.Config, newKey: r.NewKey, otp: r.OTP, secrets: r.secrets}
 	r.gate = gate{namespace: r.Namespace, config: r.Config, strategies: r.strategies}
 	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,

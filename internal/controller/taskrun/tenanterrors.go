@@ -20,7 +20,7 @@ import (
 // and the log line).
 func (r *Reconciler) hostFailed(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, host, reason string, cause error, detail string) {
 	ref := incident.NewRef()
-	r.recordEvent(ctx, rec, host, corev1.EventTypeWarning, reason, "host %s (%s): %s; the task tries another host", host, ref, detail)
+	tellRecord(ctx, r.Recorder, rec, host, corev1.EventTypeWarning, reason, "host %s (%s): %s; the task tries another host", host, ref, detail)
 	kind := incident.Provisioning(cause)
 	if errors.Is(cause, hostops.ErrUserExists) {
 		kind = "a build user of that name was left there by an attempt cut short"

@@ -38,7 +38,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		results.add(r.guardSecret(ctx, tr, rec, rec.Status.SecretDigest))
 	}
 	if len(rec.Status.Debts) > 0 {
-		results.add(r.payDebts(ctx, rec))
+		results.add(r.debts.pay(ctx, rec))
 	}
 	// The mirrors follow rec only when nothing above moved on from it. A step that wrote a
 	// new record set the mirrors from that one (a reserved host, a wait, an error), and a

@@ -1,0 +1,168 @@
+package taskrun
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/provision"
+)
+
+// debts are the build users berth still owes a host a clean, held on the records (a user of a
+// task that ended, a half-made one of a failed attempt): paid with backoff, each holding its
+// slot until its user is gone, or forgotten with a host that is gone for good.
+type debts struct {
+	client      client.Client
+	namespace   string
+	provisioner provision.Provisioner
+	capacity    *capacity.Capacity
+	strategies  strategies
+	records     *recordStore
+	hosts       *staticHosts
+	recorder    events.EventRecorder
+}
+
+// pay removes owed build users, with backoff on failure, whatever the config says now:
+// the record holds the address and admin-key reference. A paid debt frees its slot; a record
+// with nothing owed and no running task goes.
+func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
+	var paid []berthv1.Debt
+	var failed error
+	var failedDebt berthv1.Debt
+	var failures []failedClean
+	for _, d := range rec.Status.Debts {
+		if gone, err := ds.strategies.vmGone(ctx, d.HostLogin); err != nil {
+			return reconcile.Result{}, err
+		} else if gone {
+			paid = append(paid, d) // the VM went with the user on it
+			continue
+		}
+		j := job(rec, d.HostLogin, d.BuildUser)
+		out := ds.provisioner.Clean(ctx, j)
+		switch {
+		case !out.Done:
+		case out.Err != nil:
+			ds.provisioner.Forget(j.ID)
+			if failed == nil {
+				failed, failedDebt = out.Err, d
+			}
+			failures = append(failures, failedClean{debt: d, err: out.Err})
+		default:
+			paid = append(paid, d)
+		}
+	}
+	if len(paid) == 0 && failed == nil {
+		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
+			return reconcile.Result{}, ds.records.drop(ctx, rec)
+		}
+		return reconcile.Result{}, nil
+	}
+	next := rec.DeepCopy()
+	var retry time.Duration
+	if failed != nil {
+		next.Status.CleanFailures++
+		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", failedDebt.BuildUser, failedDebt.Host, failed)
+		retry = cleanBackoff(next.Status.CleanFailures)
+	} else {
+		next.Status.CleanFailures = 0
+	}
+	if err := ds.settle(ctx, rec, next, paid); err != nil {
+		return reconcile.Result{}, err
+	}
+	if failed != nil {
+		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
+		tellRecord(ctx, ds.recorder, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
+	}
+	ds.hosts.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
+	return reconcile.Result{RequeueAfter: retry}, nil
+}
+
+// settle records that the debts in settled are no longer owed (paid, or forgotten): next,
+// rec's update, is written without them, or the record goes when its task has ended and it owes
+// nothing more. Then their jobs are forgotten and the slots they held freed.
+func (ds *debts) settle(ctx context.Context, rec, next *berthv1.Allocation, settled []berthv1.Debt) error {
+	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
+		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
+	})
+	for _, d := range settled {
+		if d.HoldsSlot {
+			if err := ds.strategies.of(rec).releasing(ctx, d.Host); err != nil {
+				return err
+			}
+		}
+	}
+	var err error
+	if len(next.Status.Debts) == 0 && next.Status.Phase == berthv1.PhaseCleaning {
+		err = ds.records.drop(ctx, rec)
+	} else {
+		err = ds.records.save(ctx, next)
+	}
+	if err != nil {
+		return err
+	}
+	for _, d := range settled {
+		ds.provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
+		if d.HoldsSlot {
+			ds.capacity.Release(debtTask(rec, d.BuildUser))
+		}
+	}
+	return nil
+}
+
+// byHost lists, per host, the build users records owe it.
+func (ds *debts) byHost(ctx context.Context) (map[string][]owedClean, error) {
+	var list berthv1.AllocationList
+	if err := ds.client.List(ctx, &list, client.InNamespace(ds.namespace)); err != nil {
+		return nil, err
+	}
+	owed := map[string][]owedClean{}
+	for _, rec := range list.Items {
+		for _, d := range rec.Status.Debts {
+			owed[d.Host] = append(owed[d.Host], owedClean{key: rec.Spec.TaskRun.Key(), user: d.BuildUser})
+		}
+	}
+	return owed, nil
+}
+
+// forgetHost drops every build user owed to the host and frees the slots they held.
+func (ds *debts) forgetHost(ctx context.Context, host string) error {
+	ds.hosts.cleans.forgetHost(host)
+	var list berthv1.AllocationList
+	if err := ds.client.List(ctx, &list, client.InNamespace(ds.namespace)); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		rec := &list.Items[i]
+		var dropped []berthv1.Debt
+		for _, d := range rec.Status.Debts {
+			if d.Host == host {
+				dropped = append(dropped, d)
+			}
+		}
+		if len(dropped) == 0 {
+			continue
+		}
+		if err := ds.settle(ctx, rec, rec.DeepCopy(), dropped); err != nil {
+			return err
+		}
+		for _, d := range dropped {
+			tellRecord(ctx, ds.recorder, rec, d.Host, corev1.EventTypeWarning, "DebtForgotten",
+				"build user %s of %s is no longer removed from host %s: the host is gone or was forgotten; if it comes back, remove the user by hand", d.BuildUser, rec.Spec.TaskRun.Key(), d.Host)
+		}
+	}
+	return nil
+}
+
+// cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to five minutes.
+func cleanBackoff(failures int) time.Duration {
+	d := time.Second << min(failures-1, 9)
+	return min(d, 5*time.Minute)
+}
