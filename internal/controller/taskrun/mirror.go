@@ -76,7 +76,7 @@ type taskMirror struct {
 }
 
 // newMirror is the mirror writer of the reconciler's client, ledger and intervals.
-func (r *Reconciler) newMirror() *taskMirror {
+func newMirror(r *Reconciler) *taskMirror {
 	return &taskMirror{client: r.Client, capacity: r.Capacity, recorder: r.Recorder, now: r.now,
 		revertInterval: r.MirrorRevertInterval, positionInterval: r.PositionInterval,
 		refreshes: make(chan event.GenericEvent, positionWritesPerInterval)}

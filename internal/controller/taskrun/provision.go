@@ -77,7 +77,7 @@ func (r *Reconciler) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		return reconcile.Result{}, err
 	}
 	r.keyring.pending.Store(keyID(next), pair)
-	r.event(ctx, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
+	tell(ctx, r.Recorder, tr, rec.Status.Login.Host, corev1.EventTypeNormal, "Reprovisioning", "%s; removing build user %s and creating %s on host %s", why, rec.Status.BuildUser, next.Status.BuildUser, rec.Status.Login.Host)
 	var results outcomes
 	results.add(reconcile.Result{}, r.keyring.revoke(ctx, next)) // a key kept for the old user before the restart
 	results.add(r.provision(ctx, tr, next))
@@ -173,7 +173,7 @@ func (r *Reconciler) guardSecret(ctx context.Context, tr *pipelinev1.TaskRun, re
 	r.keyring.handed.Store(keyID(rec), next.Status.SecretDigest) // a pass on a stale copy of the record judges by it
 	r.mirror.noteRevert(tr)
 	errorSecrets.WithLabelValues("SecretTampered").Inc()
-	r.event(ctx, tr, "", corev1.EventTypeWarning, "SecretTampered", "%s", msg)
+	tell(ctx, r.Recorder, tr, "", corev1.EventTypeWarning, "SecretTampered", "%s", msg)
 	return reconcile.Result{}, nil
 }
 

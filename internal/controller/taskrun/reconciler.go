@@ -198,13 +198,9 @@ func wakeKey(c *capacity.Capacity, key string) {
 	c.Wake(allocation.Task{Namespace: ns, Name: name})
 }
 
-// event tells the TaskRun's owner what berth did or why it waits (an Event on the TaskRun)
+// tell tells the TaskRun's owner what berth did or why it waits (an Event on the TaskRun)
 // and the operator the same in the log, with the TaskRun, its platform and the host ("" when
 // there is none yet). A Warning event is a warning line (see package warning).
-func (r *Reconciler) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
-	tell(ctx, r.Recorder, tr, host, eventType, reason, format, args...)
-}
-
 func tell(ctx context.Context, recorder events.EventRecorder, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
 	recorder.Eventf(tr, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
 	logStep(ctx, tr.Namespace+"/"+tr.Name, contract.Platform(tr), host, eventType, reason, fmt.Sprintf(format, args...))

@@ -105,7 +105,7 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		rec = rec.DeepCopy()
 		rec.Status.Phase = berthv1.PhaseWaiting
 		if !r.mirror.toldWaiting(tr, rec.Spec.Platform) {
-			r.event(ctx, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
+			tell(ctx, r.Recorder, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 		}
 	}
 	res, err := r.mirror.sync(ctx, tr, rec)

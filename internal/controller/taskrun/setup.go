@@ -55,7 +55,7 @@ func (r *Reconciler) init() {
 	if r.PositionInterval == 0 {
 		r.PositionInterval = DefaultPositionInterval
 	}
-	r.mirror = r.newMirror()
+	r.mirror = newMirror(r)
 	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
 	r.strategies = strategies{config: r.Config, vms: r.VMs}
