@@ -20,18 +20,18 @@ import (
 )
 
 // admit decides how the task's platform is served, or why it cannot be.
-func (r *Reconciler) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
-	a := r.gate.admission(r.Config.Config(), tr)
+func (ap *admitPhase) admit(ctx context.Context, tr *pipelinev1.TaskRun) (reconcile.Result, error) {
+	a := ap.gate.admission(ap.config.Config(), tr)
 	if !a.holdsHost() {
-		r.line.leave(tr) // refused, or served locally: it never takes a slot
+		ap.line.leave(tr) // refused, or served locally: it never takes a slot
 	}
 	switch {
 	case a.reason != "":
-		return reconcile.Result{}, r.secrets.fail(ctx, tr, a.reason, a.message)
+		return reconcile.Result{}, ap.secrets.fail(ctx, tr, a.reason, a.message)
 	case !a.strategy.holdsHosts():
-		return reconcile.Result{}, r.serveLocally(ctx, tr)
+		return reconcile.Result{}, ap.serveLocally(ctx, tr)
 	}
-	return r.reserve(ctx, tr, r.records.forTask(tr, a.kind))
+	return ap.reserving.reserve(ctx, tr, ap.records.forTask(tr, a.kind))
 }
 
 // admission is how the config in force serves a task's platform, or why it refuses the task.
@@ -108,10 +108,10 @@ func knownPlatforms(cfg *config.Config) string {
 // serveLocally tells the task to build where it runs. Nothing is held, so nothing is recorded.
 // A platform that names an architecture builds right only on a node of it: its pod must be
 // pinned there (the webhook does it when the TaskRun is created), or the task gets an error.
-func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
+func (ap *admitPhase) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	platform := contract.Platform(tr)
 	if node, ok := localaffinity.NodeOf(platform); ok && !localaffinity.Enforced(localaffinity.Of(tr), node) {
-		err := r.secrets.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
+		err := ap.secrets.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
 			"platform %s is local, so this task builds in its own pod, which must run on a %s/%s node; but the TaskRun's spec.podTemplate does not require %s=%s and %s=%s in every required node selector term, so the pod could run on a node of another architecture and build for it. berth's admission webhook adds that requirement when a TaskRun is created: it was not running when this one was, or the requirement was changed. Re-run the task; if this happens again, ask the platform team to check that berth's webhook is running (MutatingWebhookConfiguration %s).",
 			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, localaffinity.WebhookName))
 		if err == nil {
@@ -119,10 +119,10 @@ func (r *Reconciler) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) e
 		}
 		return err
 	}
-	if err := r.secrets.write(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
+	if err := ap.secrets.write(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {
 		return err
 	}
-	err := r.mirror.patch(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
+	err := ap.mirror.patch(ctx, tr, mirrorState{host: contract.Localhost, platform: platform})
 	if err == nil {
 		step(ctx, tr.Namespace+"/"+tr.Name, platform, contract.Localhost, "Local", "platform %s is local: the task builds on this cluster", platform)
 	}

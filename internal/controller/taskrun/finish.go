@@ -20,18 +20,18 @@ import (
 // blocks the TaskRun's deletion; the slot is freed only once the user is gone. The secret
 // stays: its key logs in as a user that is being removed, and it goes with its TaskRun (its
 // owner reference), or when a new TaskRun of the name needs the name (dropStaleSecret).
-func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+func (f *finishPhase) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	if rec == nil {
-		if err := r.releaseUnrecorded(taskOf(tr)); err != nil {
+		if err := f.releaseUnrecorded(taskOf(tr)); err != nil {
 			return reconcile.Result{}, err
 		}
 	} else {
 		var err error
-		if rec, err = r.endRecord(ctx, rec); err != nil {
+		if rec, err = f.endRecord(ctx, rec); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	if _, err := r.mirror.sync(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := f.mirror.sync(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
 	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
@@ -41,21 +41,21 @@ func (r *Reconciler) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 		// What berth last wrote on the TaskRun is kept until its record is gone: the passes in
 		// between (the clean ending a moment later) must not take the cache's older copy for
 		// the TaskRun as it is, and patch it again on that copy.
-		r.mirror.forget(tr.UID)
+		f.mirror.forget(tr.UID)
 		return reconcile.Result{}, nil
 	}
-	return r.debts.pay(ctx, rec)
+	return f.debts.pay(ctx, rec)
 }
 
 // releaseUnrecorded takes a task the cache shows no record of out of the ledger's queues. A
 // task holding a slot always has a record (it is written as soon as the slot is taken), so a
 // held one means the cache is behind berth's own write: freeing its slot now would hand it to
 // a second task while the first one's build user may be on the host.
-func (r *Reconciler) releaseUnrecorded(task allocation.Task) error {
-	if _, held := r.Capacity.Holder(task); held {
+func (f *finishPhase) releaseUnrecorded(task allocation.Task) error {
+	if _, held := f.capacity.Holder(task); held {
 		return errStale
 	}
-	r.Capacity.Release(task)
+	f.capacity.Release(task)
 	return nil
 }
 
@@ -64,7 +64,7 @@ func (r *Reconciler) releaseUnrecorded(task allocation.Task) error {
 // then the record in the apiserver still names the user as held, which is the same debt to
 // the next pass or the next start, since the TaskRun it was held for has ended. A record in
 // Cleaning was written so and is returned as it is.
-func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*berthv1.Allocation, error) {
+func (f *finishPhase) endRecord(ctx context.Context, rec *berthv1.Allocation) (*berthv1.Allocation, error) {
 	if rec.Status.Phase == berthv1.PhaseCleaning {
 		return rec, nil
 	}
@@ -74,36 +74,36 @@ func (r *Reconciler) endRecord(ctx context.Context, rec *berthv1.Allocation) (*b
 		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
 	}
 	next.Status.Phase, next.Status.Login = berthv1.PhaseCleaning, nil
-	next.Status.EndedAt = microStamp(r.now())
+	next.Status.EndedAt = microStamp(f.now())
 	task := taskOfRecord(rec)
 	// The first pass moves the slot over; a later one (the clean still running) finds it moved.
 	first := !held
-	if held && r.Capacity.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
+	if held && f.capacity.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
 		first = true
-		r.keyring.pending.Delete(keyID(rec))
-		r.keyring.handed.Delete(keyID(rec))
+		f.keyring.pending.Delete(keyID(rec))
+		f.keyring.handed.Delete(keyID(rec))
 		step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
 			task, rec.Status.BuildUser, rec.Status.Login.Host)
 	}
-	r.Capacity.Release(task)
+	f.capacity.Release(task)
 	if !first {
 		return next, nil
 	}
 	// Once, as the task ends: the redemption already refuses keys of an ended task, and the
 	// sweeper deletes what this misses.
-	return next, r.keyring.revoke(ctx, next)
+	return next, f.keyring.revoke(ctx, next)
 }
 
 // settleOrphan finishes a record whose TaskRun is gone (or was re-created under its name).
-func (r *Reconciler) settleOrphan(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
-	rec, err := r.endRecord(ctx, rec)
+func (f *finishPhase) settleOrphan(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
+	rec, err := f.endRecord(ctx, rec)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	ref := rec.Spec.TaskRun
-	if err := r.secrets.delete(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
+	if err := f.secrets.delete(ctx, ref.Namespace, ref.Name, ref.UID); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.mirror.forget(ref.UID)
-	return r.debts.pay(ctx, rec)
+	f.mirror.forget(ref.UID)
+	return f.debts.pay(ctx, rec)
 }

@@ -78,10 +78,17 @@ type Reconciler struct {
 	keyring    *keyring
 	hosts      *staticHosts
 	debts      *debts
-	restore    sync.Mutex
-	keys       sync.Map // "uid/attempt" → private key of a user being provisioned
-	ready      sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
-	now        func() time.Time
+	// The phases of a user task (phases.go).
+	admitting    *admitPhase
+	reserving    *reservePhase
+	provisioning *provisionPhase
+	guarding     *guardPhase
+	answers      *answers
+	finishing    *finishPhase
+	restore      sync.Mutex
+	keys         sync.Map // "uid/attempt" → private key of a user being provisioned
+	ready        sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
+	now          func() time.Time
 }
 
 // kind of a TaskRun, by the contract's rules.
@@ -139,13 +146,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			own = rec
 			continue
 		}
-		results.add(r.settleOrphan(ctx, rec))
+		results.add(r.finishing.settleOrphan(ctx, rec))
 	}
 	if tr != nil {
 		results.add(r.reconcileUser(ctx, tr, own))
 	} else if len(records) == 0 {
 		// Gone without a record: it may still sit in a queue rebuilt before it went.
-		results.add(reconcile.Result{}, r.releaseUnrecorded(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
+		results.add(reconcile.Result{}, r.finishing.releaseUnrecorded(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
 	}
 	return results.result()
 }

@@ -20,26 +20,26 @@ import (
 
 // reserve takes a slot for the task, or queues it. The record names host, admin login and build
 // user before anything happens on the host; only once it is written does provisioning start.
-func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+func (rs *reservePhase) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	task := taskOf(tr)
-	grant := r.Capacity.Acquire(allocation.Request{Task: task, Platform: rec.Spec.Platform,
+	grant := rs.capacity.Acquire(allocation.Request{Task: task, Platform: rec.Spec.Platform,
 		Created: rec.Spec.Queued.Time, Exclude: rec.Status.FailedHosts})
 	switch {
 	case grant.Blocked:
-		return r.giveUp(ctx, tr, rec, "AllHostsFailed", fmt.Sprintf(
+		return rs.answers.giveUp(ctx, tr, rec, "AllHostsFailed", fmt.Sprintf(
 			"no host of platform %s could be provisioned for this task (failed: %s). The hosts may be down or misconfigured; see the events of this TaskRun and tell the platform team.",
 			rec.Spec.Platform, strings.Join(rec.Status.FailedHosts, ", ")))
 	case grant.Host == "":
-		return r.wait(ctx, tr, rec, grant.Position)
+		return rs.wait(ctx, tr, rec, grant.Position)
 	}
-	login, ok := r.strategies.of(rec).login(grant.Host)
+	login, ok := rs.strategies.of(rec).login(grant.Host)
 	if !ok {
-		r.Capacity.Release(task)
+		rs.capacity.Release(task)
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
-	pair, err := r.keyring.pair(tr.Namespace + "/" + tr.Name)
+	pair, err := rs.keyring.pair(tr.Namespace + "/" + tr.Name)
 	if err != nil {
-		r.Capacity.Release(task)
+		rs.capacity.Release(task)
 		return reconcile.Result{}, err
 	}
 	next := rec.DeepCopy()
@@ -48,27 +48,27 @@ func (r *Reconciler) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 	next.Status.Attempt++
 	next.Status.BuildUser = hostops.UserNameFor(next.Spec.Platform, string(tr.UID), next.Status.Attempt)
 	next.Status.UserDir, next.Status.Message = "", ""
-	next.Status.ReservedAt = microStamp(r.now())
+	next.Status.ReservedAt = microStamp(rs.now())
 	if len(next.Status.SealKey) == 0 {
 		if next.Status.SealKey, err = newSealKey(); err != nil {
-			r.Capacity.Release(task)
+			rs.capacity.Release(task)
 			return reconcile.Result{}, err
 		}
 	}
-	if err := r.records.save(ctx, next); err != nil {
+	if err := rs.records.save(ctx, next); err != nil {
 		// A reservation made just now and not recorded is not held. One made by an earlier
 		// reconcile is recorded already (this one read a stale copy): it stays.
 		if !grant.Held {
-			r.Capacity.Release(task)
+			rs.capacity.Release(task)
 		}
 		return reconcile.Result{}, err
 	}
-	r.keyring.pending.Store(keyID(next), pair)
-	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(r.now().Sub(tr.CreationTimestamp.Time).Seconds())
+	rs.keyring.pending.Store(keyID(next), pair)
+	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(rs.now().Sub(tr.CreationTimestamp.Time).Seconds())
 	step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, login.Host, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
-	results.add(r.mirror.sync(ctx, tr, next))
-	results.add(r.provision(ctx, tr, next))
+	results.add(rs.mirror.sync(ctx, tr, next))
+	results.add(rs.provisioning.provision(ctx, tr, next))
 	return results.result()
 }
 
@@ -78,20 +78,20 @@ func keyID(rec *berthv1.Allocation) string {
 
 // wait records the task as waiting and tells it its place; a freed slot wakes it. The only timed
 // requeue is the wait timeout's.
-func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, position int) (reconcile.Result, error) {
+func (rs *reservePhase) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, position int) (reconcile.Result, error) {
 	var left time.Duration
-	if r.WaitTimeout > 0 {
+	if rs.waitTimeout > 0 {
 		// Counted from creation: the same answer after a restart.
-		if left = r.WaitTimeout - r.now().Sub(tr.CreationTimestamp.Time); left <= 0 {
-			r.Capacity.Release(taskOf(tr))
-			return r.giveUp(ctx, tr, rec, "WaitTimeout", fmt.Sprintf(
-				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, r.WaitTimeout))
+		if left = rs.waitTimeout - rs.now().Sub(tr.CreationTimestamp.Time); left <= 0 {
+			rs.capacity.Release(taskOf(tr))
+			return rs.answers.giveUp(ctx, tr, rec, "WaitTimeout", fmt.Sprintf(
+				"no host of platform %s became free within %s; all are busy. Retry later, or ask the platform team for more capacity.", rec.Spec.Platform, rs.waitTimeout))
 		}
 	}
-	reason, message, recheck := r.strategies.of(rec).busy(rec.Spec.Platform, r.now().Sub(rec.Spec.Queued.Time))
+	reason, message, recheck := rs.strategies.of(rec).busy(rec.Spec.Platform, rs.now().Sub(rec.Spec.Queued.Time))
 	if reason != "" {
-		r.Capacity.Release(taskOf(tr))
-		return r.giveUp(ctx, tr, rec, reason, message)
+		rs.capacity.Release(taskOf(tr))
+		return rs.answers.giveUp(ctx, tr, rec, reason, message)
 	}
 	if recheck > 0 && (left == 0 || recheck < left) {
 		left = recheck
@@ -104,11 +104,11 @@ func (r *Reconciler) wait(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		// Waiting record, for the hosts that failed it and the users it owes.
 		rec = rec.DeepCopy()
 		rec.Status.Phase = berthv1.PhaseWaiting
-		if !r.mirror.toldWaiting(tr, rec.Spec.Platform) {
-			tell(ctx, r.Recorder, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
+		if !rs.mirror.toldWaiting(tr, rec.Spec.Platform) {
+			tell(ctx, rs.recorder, tr, "", corev1.EventTypeNormal, "Waiting", "every host of platform %s is busy; this task is number %d in line", rec.Spec.Platform, position)
 		}
 	}
-	res, err := r.mirror.sync(ctx, tr, rec)
+	res, err := rs.mirror.sync(ctx, tr, rec)
 	if left > 0 && (res.RequeueAfter == 0 || left < res.RequeueAfter) {
 		res.RequeueAfter = left
 	}

@@ -77,24 +77,24 @@ func handedOverWith(s *corev1.Secret, rec *berthv1.Allocation, dataDigest string
 // has its key), or was handed over (this process wrote the secret, or the secret carries the
 // seal), and then the secret is guarded. Neither means a restart cut the making short: the
 // user is of no use and is made again (see provision).
-func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
+func (p *provisionPhase) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	if rec.Status.SecretTampered {
-		return r.guardSecret(ctx, tr, rec, rec.Status.SecretDigest)
+		return p.guarding.guardSecret(ctx, tr, rec, rec.Status.SecretDigest)
 	}
-	if _, making := r.keyring.pending.Load(keyID(rec)); making {
-		return r.provision(ctx, tr, rec)
+	if _, making := p.keyring.pending.Load(keyID(rec)); making {
+		return p.provision(ctx, tr, rec)
 	}
-	if d, ok := r.keyring.handed.Load(keyID(rec)); ok {
-		return r.guardSecret(ctx, tr, rec, d.(string))
+	if d, ok := p.keyring.handed.Load(keyID(rec)); ok {
+		return p.guarding.guardSecret(ctx, tr, rec, d.(string))
 	}
-	d, err := r.handedOver(ctx, tr, rec)
+	d, err := p.handedOver(ctx, tr, rec)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if d == "" {
-		return r.provision(ctx, tr, rec)
+		return p.provision(ctx, tr, rec)
 	}
-	r.keyring.handed.Store(keyID(rec), d)
+	p.keyring.handed.Store(keyID(rec), d)
 	return reconcile.Result{}, nil
 }
 
@@ -103,8 +103,8 @@ func (r *Reconciler) hold(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 // the apiserver, which may hold a secret the cache has not seen yet. The direct read happens
 // only when the cache does not show the seal: once per task after a restart or a new leader
 // at most, while it lags behind berth's own write, or when there is no hand-over to find.
-func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (string, error) {
-	s, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
+func (p *provisionPhase) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (string, error) {
+	s, err := p.secrets.of(ctx, tr.Namespace, tr.Name)
 	if err != nil {
 		return "", err
 	}
@@ -112,7 +112,7 @@ func (r *Reconciler) handedOver(ctx context.Context, tr *pipelinev1.TaskRun, rec
 		return cachedDigest(s), nil
 	}
 	var live corev1.Secret
-	switch err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &live); {
+	switch err := p.apiReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tasksecret.Name(tr.Name)}, &live); {
 	case apierrors.IsNotFound(err):
 		return "", nil
 	case err != nil:

@@ -13,7 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
@@ -141,4 +143,23 @@ func (ts *taskSecrets) of(ctx context.Context, namespace, name string) (*corev1.
 		return nil, client.IgnoreNotFound(err)
 	}
 	return &s, nil
+}
+
+// giveUp answers the task with an error; what the record still owes the hosts is paid first.
+func (an *answers) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, reason, message string) (reconcile.Result, error) {
+	if err := an.secrets.fail(ctx, tr, reason, message); err != nil {
+		return reconcile.Result{}, err
+	}
+	if rec.ResourceVersion == "" {
+		return reconcile.Result{}, nil
+	}
+	if len(rec.Status.Debts) == 0 {
+		return reconcile.Result{}, an.records.drop(ctx, rec)
+	}
+	next := rec.DeepCopy()
+	next.Status.Phase, next.Status.Message = berthv1.PhaseCleaning, message
+	if err := an.records.save(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	return an.debts.pay(ctx, next)
 }

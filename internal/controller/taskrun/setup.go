@@ -2,27 +2,15 @@ package taskrun
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
-	"fmt"
-	"slices"
 	"strings"
 	"time"
 
-	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/workqueue"
-	"knative.dev/pkg/apis"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -36,9 +24,6 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/capacity"
-	"github.com/berth-ci/berth/internal/hostconfig"
-	"github.com/berth-ci/berth/internal/localaffinity"
-	"github.com/berth-ci/berth/internal/otp"
 	"github.com/berth-ci/berth/internal/provision"
 )
 
@@ -68,6 +53,19 @@ func (r *Reconciler) init() {
 	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
 		capacity: r.Capacity, gate: r.gate, secrets: r.secrets, records: r.records, mirror: r.mirror,
 		recorder: r.Recorder, now: r.now, started: r.now()}
+	r.answers = &answers{secrets: r.secrets, records: r.records, debts: r.debts}
+	r.guarding = &guardPhase{apiReader: r.APIReader, secrets: r.secrets, records: r.records, keyring: r.keyring,
+		mirror: r.mirror, recorder: r.Recorder}
+	r.reserving = &reservePhase{capacity: r.Capacity, strategies: r.strategies, keyring: r.keyring, records: r.records,
+		mirror: r.mirror, recorder: r.Recorder, now: r.now, waitTimeout: r.WaitTimeout, answers: r.answers}
+	r.provisioning = &provisionPhase{provisioner: r.Provisioner, config: r.Config, keyring: r.keyring, records: r.records,
+		secrets: r.secrets, capacity: r.Capacity, debts: r.debts, apiReader: r.APIReader, namespace: r.Namespace,
+		recorder: r.Recorder, now: r.now, reserving: r.reserving, guarding: r.guarding}
+	r.reserving.provisioning = r.provisioning
+	r.admitting = &admitPhase{gate: r.gate, config: r.Config, line: r.line, secrets: r.secrets, mirror: r.mirror,
+		records: r.records, reserving: r.reserving}
+	r.finishing = &finishPhase{capacity: r.Capacity, keyring: r.keyring, secrets: r.secrets, mirror: r.mirror,
+		debts: r.debts, now: r.now}
 	r.Config.OnChange(func(cfg *config.Config) {
 		r.Capacity.SetHosts(ledgerHosts(cfg))
 		r.Capacity.SetNamespaceCaps(namespaceCaps(cfg))
@@ -210,193 +208,4 @@ func taskRunOfSecret(_ context.Context, o client.Object) []reconcile.Request {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name[len(contract.SecretPrefix):]}}}
-}
-
-// CacheOptions keep the controller's memory independent of what else the cluster holds, and of
-// how large a tenant makes its objects: only the secrets berth made, each cut down to what
-// berth reads of it (stripSecret; no other secret is ever held in memory; admin keys are read
-// on demand and never cached), only the config ConfigMap, records only of its own namespace,
-// and TaskRuns cut down to what berth reads (stripTaskRun; unrelated ones to their name).
-// Writes never send a cached TaskRun whole: see patchMirrors.
-func CacheOptions(namespace string) cache.Options {
-	byObject := hostconfig.CacheByObject(namespace)
-	// Task secrets live in tenants' namespaces. Admin key secrets in the controller's own may
-	// carry the same label (the controller berth replaces requires it on them), and an admin
-	// key is never held in memory longer than one host job: the field selector leaves them out.
-	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel)),
-		Field: fields.OneTermNotEqualSelector("metadata.namespace", namespace), Transform: stripSecret}
-	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: func(obj any) (any, error) {
-		if tr, ok := obj.(*pipelinev1.TaskRun); ok && tr.Namespace == namespace && tr.Labels[contract.TaskTypeLabel] != "" {
-			return stripInternalTaskRun(tr), nil
-		}
-		return stripTaskRun(obj)
-	}}
-	own := map[string]cache.Config{namespace: {}}
-	byObject[&berthv1.Allocation{}] = cache.ByObject{Namespaces: own}
-	byObject[&berthv1.BuildHost{}] = cache.ByObject{Namespaces: own}
-	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
-}
-
-// cachedDigestKey holds, in a cached secret's Data, the digest of the data the secret had
-// (see digest). No Secret the apiserver accepts has such a key ('/' is not allowed in one), so
-// the value there is always stripSecret's, never a tenant's.
-const cachedDigestKey = "berth.dev/data-digest"
-
-// keptOwners bounds the owner references a cached task secret keeps (see stripSecret).
-const keptOwners = 4
-
-// sealLength is the length of a well-formed seal: a SHA-256 HMAC in standard base64.
-var sealLength = base64.StdEncoding.EncodedLen(sha256.Size)
-
-// stripSecret keeps of a secret carrying berth's label only what berth reads, whatever its
-// size: its name and UID, berth's label, its owner reference to the TaskRun it answers, a
-// well-formed seal, a well-formed OTP token, and the digest of its data (a tenant may fill any
-// labelled secret with 1 MiB of data and 256 KiB of annotations). The seal is checked on the
-// digest (sealOf), and a tampering is told by it (guardSecret): neither needs the data.
-func stripSecret(obj any) (any, error) {
-	s, ok := obj.(*corev1.Secret)
-	if !ok {
-		return obj, nil
-	}
-	kept := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
-		Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
-		CreationTimestamp: s.CreationTimestamp, DeletionTimestamp: s.DeletionTimestamp,
-	}}
-	if v, ok := s.Labels[contract.SecretLabel]; ok {
-		kept.Labels = map[string]string{contract.SecretLabel: v} // a label value: 63 characters at most
-	}
-	// berth writes one owner reference, to the TaskRun the secret is named for; any other is
-	// not berth's, and a tenant could add thousands. A tenant may put decoys of that name before
-	// berth's, so a few distinct ones are kept (keptOwners): more decoys than that only hide
-	// berth's ownership of the tenant's own task secret, as removing the reference would.
-	name := strings.TrimPrefix(s.Name, contract.SecretPrefix)
-	for _, o := range s.OwnerReferences {
-		if len(kept.OwnerReferences) == keptOwners {
-			break
-		}
-		if o.Kind == "TaskRun" && o.Name == name && !slices.ContainsFunc(kept.OwnerReferences, func(k metav1.OwnerReference) bool { return k.UID == o.UID }) {
-			kept.OwnerReferences = append(kept.OwnerReferences, metav1.OwnerReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, UID: o.UID})
-		}
-	}
-	kept.Data = map[string][]byte{cachedDigestKey: []byte(digest(s.Data))}
-	if seal := s.Annotations[SealAnnotation]; len(seal) == sealLength {
-		kept.Annotations = map[string]string{SealAnnotation: seal} // a longer one never verifies
-	}
-	if token := s.Data["otp"]; len(token) == otp.TokenLength {
-		kept.Data["otp"] = token // a longer one is never a kept key's (keptToken)
-	}
-	return kept, nil
-}
-
-// cachedDigest is the digest of a cached secret's data (stripSecret); "" for a secret read
-// past the cache, which is then never taken for the one berth wrote.
-func cachedDigest(s *corev1.Secret) string { return string(s.Data[cachedDigestKey]) }
-
-func mustExist(key string) labels.Requirement {
-	r, err := labels.NewRequirement(key, selection.Exists, nil)
-	if err != nil {
-		panic(err)
-	}
-	return *r
-}
-
-// stripInternalTaskRun keeps what berth reads of its own internal TaskRuns
-// (--provisioner=taskrun): whether it was cancelled, how it ended, its results.
-func stripInternalTaskRun(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
-	tr.ManagedFields = nil
-	tr.Spec = pipelinev1.TaskRunSpec{Status: tr.Spec.Status}
-	tr.Status = pipelinev1.TaskRunStatus{
-		Status: tr.Status.Status,
-		TaskRunStatusFields: pipelinev1.TaskRunStatusFields{
-			CompletionTime: tr.Status.CompletionTime, Results: tr.Status.Results,
-		},
-	}
-	return tr
-}
-
-// Of a user TaskRun's labels and annotations, berth reads only the contract's and its own, and
-// patches them with tests of their exact values (metadataPatch): those are kept whole, all
-// others dropped. A label value is 63 characters at most; an annotation berth reads that a
-// tenant made large is reverted by the mirrors within MirrorRevertInterval.
-var (
-	taskRunLabelsRead = []string{contract.AssignedHostLabel, contract.TargetPlatformLabel,
-		contract.WaitingForPlatformLabel, contract.TaskTypeLabel}
-	taskRunAnnotationsRead = []string{contract.QueuePositionAnnotation, contract.FailedHostsAnnotation}
-)
-
-// keepKeys is m with only keys; an empty but non-nil map when m had others only, so that a
-// patch adds to the map the object has rather than putting a whole new one in its place
-// (mapPatch).
-func keepKeys(m map[string]string, keys []string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	kept := map[string]string{}
-	for _, k := range keys {
-		if v, ok := m[k]; ok {
-			kept[k] = v
-		}
-	}
-	return kept
-}
-
-// platformTooLong stands in the cache for a PLATFORM longer than a label value may be: berth
-// writes the platform into the target-platform label (contract.PlatformLabelValue), so no
-// such platform can be served, and no platform name has angle brackets. The task is answered
-// with an error naming it.
-var platformTooLong = fmt.Sprintf("<PLATFORM longer than %d characters>", validation.LabelValueMaxLength)
-
-// stripTaskRun keeps what berth reads of a user TaskRun, bounded whatever the TaskRun's size:
-// its name, UID and times, the labels and annotations berth reads, its finalizers (patches
-// test them whole), PLATFORM among its params, spec.status, the required node affinity of its
-// pod template (see serveLocally), the first secret volume of its resolved spec that names a
-// task secret, and its Succeeded condition without its message.
-func stripTaskRun(obj any) (any, error) {
-	tr, ok := obj.(*pipelinev1.TaskRun)
-	if !ok {
-		return obj, nil
-	}
-	kept := &pipelinev1.TaskRun{TypeMeta: tr.TypeMeta, ObjectMeta: metav1.ObjectMeta{
-		Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID, ResourceVersion: tr.ResourceVersion,
-		Generation: tr.Generation, CreationTimestamp: tr.CreationTimestamp, DeletionTimestamp: tr.DeletionTimestamp,
-		Finalizers: tr.Finalizers,
-		Labels:     keepKeys(tr.Labels, taskRunLabelsRead), Annotations: keepKeys(tr.Annotations, taskRunAnnotationsRead),
-	}}
-	if p := contract.Platform(tr); p != "" {
-		if len(p) > validation.LabelValueMaxLength {
-			p = platformTooLong
-		}
-		kept.Spec.Params = pipelinev1.Params{{Name: contract.PlatformParam, Value: *pipelinev1.NewStructuredValues(p)}}
-	}
-	if classifyUser(tr) == unrelated && contract.Platform(tr) == "" {
-		return kept, nil
-	}
-	kept.Spec.Status = tr.Spec.Status
-	kept.Spec.PodTemplate = requiredNodeAffinity(tr)
-	s := &kept.Status
-	s.StartTime, s.CompletionTime, s.PodName = tr.Status.StartTime, tr.Status.CompletionTime, tr.Status.PodName
-	if c := tr.Status.GetCondition(apis.ConditionSucceeded); c != nil {
-		s.SetCondition(&apis.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason, LastTransitionTime: c.LastTransitionTime})
-	}
-	if ts := tr.Status.TaskSpec; ts != nil {
-		s.TaskSpec = &pipelinev1.TaskSpec{}
-		for _, v := range ts.Volumes {
-			if v.Secret != nil && strings.HasPrefix(v.Secret.SecretName, contract.SecretPrefix) {
-				s.TaskSpec.Volumes = []corev1.Volume{{Name: v.Name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: v.Secret.SecretName}}}}
-				break
-			}
-		}
-	}
-	return kept, nil
-}
-
-// requiredNodeAffinity is the TaskRun's pod template cut down to its required node affinity.
-func requiredNodeAffinity(tr *pipelinev1.TaskRun) *pod.Template {
-	na := localaffinity.Of(tr)
-	if na == nil || na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		return nil
-	}
-	return &pod.Template{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-		RequiredDuringSchedulingIgnoredDuringExecution: na.RequiredDuringSchedulingIgnoredDuringExecution,
-	}}}
 }

@@ -18,13 +18,13 @@ import (
 // the operator learns what actually went wrong, which may name admin users, addresses, host
 // key fingerprints or what a script printed (an Event on the record, in berth's namespace,
 // and the log line).
-func (r *Reconciler) hostFailed(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, host, reason string, cause error, detail string) {
+func (p *provisionPhase) hostFailed(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, host, reason string, cause error, detail string) {
 	ref := incident.NewRef()
-	tellRecord(ctx, r.Recorder, rec, host, corev1.EventTypeWarning, reason, "host %s (%s): %s; the task tries another host", host, ref, detail)
+	tellRecord(ctx, p.recorder, rec, host, corev1.EventTypeWarning, reason, "host %s (%s): %s; the task tries another host", host, ref, detail)
 	kind := incident.Provisioning(cause)
 	if errors.Is(cause, hostops.ErrUserExists) {
 		kind = "a build user of that name was left there by an attempt cut short"
 	}
-	r.Recorder.Eventf(tr, nil, corev1.EventTypeWarning, reason, reason, "%s", incident.Note(fmt.Sprintf(
-		"host %s: %s; trying another host. If no host works, %s", host, kind, ref.Where(r.Namespace))))
+	p.recorder.Eventf(tr, nil, corev1.EventTypeWarning, reason, reason, "%s", incident.Note(fmt.Sprintf(
+		"host %s: %s; trying another host. If no host works, %s", host, kind, ref.Where(p.namespace))))
 }

@@ -14,7 +14,7 @@ import (
 // reconcileUser moves a user TaskRun through the phases of its record.
 func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation) (reconcile.Result, error) {
 	if tr.DeletionTimestamp != nil || tr.IsDone() {
-		return r.finish(ctx, tr, rec)
+		return r.finishing.finish(ctx, tr, rec)
 	}
 	if rec == nil {
 		secret, err := r.secrets.of(ctx, tr.Namespace, tr.Name)
@@ -25,17 +25,17 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 			r.line.leave(tr) // answered already: local or an error
 			return reconcile.Result{}, nil
 		}
-		return r.admit(ctx, tr)
+		return r.admitting.admit(ctx, tr)
 	}
 	var results outcomes
 	sets := r.mirror.setCount(tr.UID)
 	switch rec.Status.Phase {
 	case berthv1.PhaseWaiting, "":
-		results.add(r.reserve(ctx, tr, rec))
+		results.add(r.reserving.reserve(ctx, tr, rec))
 	case berthv1.PhaseProvisioning:
-		results.add(r.hold(ctx, tr, rec))
+		results.add(r.provisioning.hold(ctx, tr, rec))
 	case berthv1.PhaseReady:
-		results.add(r.guardSecret(ctx, tr, rec, rec.Status.SecretDigest))
+		results.add(r.guarding.guardSecret(ctx, tr, rec, rec.Status.SecretDigest))
 	}
 	if len(rec.Status.Debts) > 0 {
 		results.add(r.debts.pay(ctx, rec))
@@ -51,6 +51,7 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 	return results.result()
 }
 
+// stamp is t as a record's time, to the second.
 func stamp(t time.Time) *metav1.Time {
 	m := metav1.NewTime(t)
 	return &m
