@@ -8,24 +8,18 @@ package vms
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
-	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
-	"github.com/berth-ci/berth/internal/incident"
-	"github.com/berth-ci/berth/internal/warning"
 )
 
 // Debts are the build users still to be removed from hosts, which the task records hold
@@ -41,7 +35,11 @@ type Prober interface {
 	FirstContact(ctx context.Context, login berthv1.HostLogin) (hostKey string, err error)
 }
 
-// Fleet launches, watches and ends the VMs of every dynamic platform.
+// Fleet launches, watches and ends the VMs of every dynamic platform. It is the entry the
+// manager and the task controller know; the work is done by small owners, each holding only
+// what it uses (see init): the VM loop walks one record, the planner decides per platform, the
+// sweeper ends leaks, and the providers, the installation, the ready VMs and the platforms'
+// launch troubles are each kept by one of them.
 type Fleet struct {
 	Client    client.Client
 	APIReader client.Reader
@@ -62,28 +60,14 @@ type Fleet struct {
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 
+	once sync.Once
 	kick chan struct{}
 
-	mu     sync.Mutex
-	logins map[string]berthv1.HostLogin // ready VMs by record name
-	// specs are the ready VMs' instance specs, to close at once those a config change
-	// makes outdated.
-	specs   map[string]*berthv1.InstanceSpec
-	trouble map[string]trouble // platform → last launch failure
-	// built holds providers by platform, type and settings (see providerSpec); lastSpec is
-	// each platform's spec from the config, kept after the platform leaves it.
-	built        map[string]cloud.Provider
-	lastSpec     map[string]providerSpec
-	installation string
-}
-
-// trouble is a platform's launch failing. Its ref stays the same from the first failure
-// until a launch succeeds or the config changes: the tenants of the platform quote it, and
-// every operator-side Event and log line of the run carries it with the cloud's answer.
-type trouble struct {
-	kind  cloud.Kind
-	ref   incident.Ref
-	since time.Time
+	vm       *vmLoop
+	planner  *planner
+	sweeper  *sweeper
+	readyVMs *readyVMs
+	trouble  *troubles
 }
 
 func (f *Fleet) now() time.Time {
@@ -91,19 +75,6 @@ func (f *Fleet) now() time.Time {
 		return f.Now()
 	}
 	return time.Now()
-}
-
-func (f *Fleet) init() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.kick == nil {
-		f.kick = make(chan struct{}, 1)
-		f.logins = map[string]berthv1.HostLogin{}
-		f.specs = map[string]*berthv1.InstanceSpec{}
-		f.trouble = map[string]trouble{}
-		f.built = map[string]cloud.Provider{}
-		f.lastSpec = map[string]providerSpec{}
-	}
 }
 
 // Kick asks the planner for a pass soon; kicks coalesce.
@@ -116,10 +87,7 @@ func (f *Fleet) Kick() {
 
 // Login is how berth reaches a ready VM as its admin.
 func (f *Fleet) Login(host string) (berthv1.HostLogin, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	login, ok := f.logins[host]
-	return login, ok
+	return f.readyVMs.login(host)
 }
 
 // Gone tells whether a VM named host has no record any more (its instance is terminated).
@@ -136,131 +104,7 @@ func (f *Fleet) Gone(ctx context.Context, host string) (bool, error) {
 // the cloud refused the platform's launches for good, or has had no capacity for longer than
 // the platform's allocation timeout. recheck is when to ask again.
 func (f *Fleet) Unservable(platform string, waited time.Duration) (reason, message string, recheck time.Duration) {
-	f.mu.Lock()
-	t, ok := f.trouble[platform]
-	f.mu.Unlock()
-	if !ok {
-		return "", "", 0
-	}
-	// The cloud's own answer is not repeated here: it names the account, the principal and
-	// the policy, and this text goes to tenants (see package incident).
-	what, next := incident.Cloud(t.kind)
-	if t.kind.Permanent() {
-		return "CloudRefused", fmt.Sprintf("berth cannot launch VMs for platform %s: %s. %s; %s.",
-			platform, what, upperFirst(next), t.ref.Where(f.Namespace)), 0
-	}
-	d := f.dynamic(config.Platform(platform))
-	if d == nil {
-		return "", "", 0
-	}
-	if left := d.AllocationTimeout - waited; left > 0 {
-		return "", "", left
-	}
-	return "NoCapacity", fmt.Sprintf("no VM for platform %s could be launched within its allocation timeout (%s): since %s, %s. %s; if it keeps happening, %s.",
-		platform, d.AllocationTimeout, t.since.UTC().Format(time.RFC3339), what, upperFirst(next), t.ref.Where(f.Namespace)), 0
-}
-
-func upperFirst(s string) string {
-	if s == "" {
-		return s
-	}
-	return strings.ToUpper(s[:1]) + s[1:]
-}
-
-func (f *Fleet) dynamic(p config.Platform) *config.DynamicPlatform {
-	if cfg := f.Config.Config(); cfg != nil {
-		return cfg.Dynamic[p]
-	}
-	return nil
-}
-
-// noteTrouble remembers a failed launch; waiters of the platform are told, so that they can
-// fail when the failure is for good. It returns the reference of the run of failures, for the
-// caller's operator-side Event or log line that carries err itself.
-func (f *Fleet) noteTrouble(platform string, err error) incident.Ref {
-	f.mu.Lock()
-	t, had := f.trouble[platform]
-	if !had {
-		t.since, t.ref = f.now(), incident.NewRef()
-	}
-	t.kind = cloud.KindOf(err)
-	f.trouble[platform] = t
-	f.mu.Unlock()
-	launches.WithLabelValues(platform, t.kind.String()).Inc()
-	f.Capacity.WakeWaiters(platform)
-	return t.ref
-}
-
-func (f *Fleet) clearTrouble(platform string) {
-	f.mu.Lock()
-	delete(f.trouble, platform)
-	f.mu.Unlock()
-}
-
-// paused: the last launch of the platform was refused for good, less than a minute ago.
-func (f *Fleet) paused(platform string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t, ok := f.trouble[platform]
-	return ok && t.kind.Permanent() && f.now().Sub(t.since) < time.Minute
-}
-
-func (f *Fleet) setLogin(rec *berthv1.BuildHost) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.logins[rec.Name] = loginOf(rec)
-	f.specs[rec.Name] = rec.Spec.Instance.DeepCopy()
-}
-
-func (f *Fleet) dropLogin(name string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.logins, name)
-	delete(f.specs, name)
-}
-
-// configChanged takes a new config in: new settings may cure a refused platform, so it may
-// launch again; and VMs launched with settings their platform no longer has are closed
-// before a task can take one (the planner writes why into their records).
-func (f *Fleet) configChanged(cfg *config.Config) {
-	f.mu.Lock()
-	clear(f.trouble)
-	var stale []string
-	for name, in := range f.specs {
-		if d := cfg.Dynamic[config.Platform(in.Platform)]; d != nil && outdated(in, d) {
-			stale = append(stale, name)
-		}
-	}
-	f.mu.Unlock()
-	for _, name := range stale {
-		f.Capacity.RetireHost(name)
-	}
-	f.Kick()
-}
-
-func loginOf(rec *berthv1.BuildHost) berthv1.HostLogin {
-	in := rec.Spec.Instance
-	return berthv1.HostLogin{Host: rec.Name, Address: rec.Status.Address, AdminUser: in.AdminUser, AdminSecret: in.AdminSecret,
-		HostKey: rec.Status.Instance.HostKey, Platform: in.Platform, Instance: rec.Status.Instance.ID}
-}
-
-// open puts a ready VM into the ledger (a retired one closed) and wakes its waiters.
-func (f *Fleet) open(rec *berthv1.BuildHost) {
-	f.setLogin(rec)
-	in := rec.Spec.Instance
-	host := allocation.Host{Name: rec.Name, Platform: in.Platform, Capacity: in.Slots, SingleUse: !in.Pooled}
-	if d := f.dynamic(config.Platform(in.Platform)); in.Retire != "" || (d != nil && outdated(in, d)) {
-		// Known to the ledger, closed: the planner terminates a retired VM once the ledger
-		// sees it free, and after a restart nothing else may put it there (a single-use VM
-		// whose task's record went just before the crash), so it would stay up for good. A VM
-		// launched with settings the platform no longer has stays closed too, from the config
-		// change until the planner retires it in its record.
-		f.Capacity.PutRetiredHost(host)
-		return
-	}
-	f.Capacity.PutHost(host)
-	// A drained or quarantined VM stays out of service.
-	f.Capacity.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined)
+	return f.trouble.unservable(platform, waited)
 }
 
 // Released is told that a task's last hold on host is going: a single-use VM is retired in
@@ -273,26 +117,30 @@ func (f *Fleet) Released(ctx context.Context, host string) error {
 	if rec.Spec.Instance == nil || rec.Spec.Instance.Pooled {
 		return nil
 	}
-	return f.retire(ctx, &rec, "it served its task")
+	return f.vm.retire(ctx, &rec, "it served its task")
 }
 
-// event tells the operator of a VM's step: an Event on its BuildHost and a log line with the
-// VM, its platform and instance (a warning line for a Warning; see package warning).
-func (f *Fleet) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {
-	f.Recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
-	log := vmLog.WithValues("host", rec.Name, "platform", rec.Spec.Instance.Platform, "reason", reason)
-	if st := rec.Status.Instance; st != nil && st.ID != "" {
-		log = log.WithValues("instance", st.ID)
-	}
-	if eventType == corev1.EventTypeWarning {
-		warning.Log(log, fmt.Sprintf(format, args...))
-		return
-	}
-	log.Info(fmt.Sprintf(format, args...))
+// Reconcile walks one VM record through its phases (see vmLoop).
+func (f *Fleet) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	return f.vm.reconcile(ctx, req)
 }
 
-var vmLog = ctrl.Log.WithName("vm")
+// configChanged takes a new config in: new settings may cure a refused platform, so it may
+// launch again; and VMs launched with settings their platform no longer has are closed
+// before a task can take one (the planner writes why into their records).
+func (f *Fleet) configChanged(cfg *config.Config) {
+	f.trouble.reset()
+	for _, name := range f.readyVMs.outdated(cfg) {
+		f.Capacity.RetireHost(name)
+	}
+	f.Kick()
+}
 
-func (f *Fleet) warn(rec *berthv1.BuildHost, reason, format string, args ...any) {
-	f.event(rec, corev1.EventTypeWarning, reason, format, args...)
+// dynamic is the platform's settings in the config in force; nil when it is not a dynamic
+// platform there (or no config is in force yet).
+func dynamic(store *hostconfig.Store, p config.Platform) *config.DynamicPlatform {
+	if cfg := store.Config(); cfg != nil {
+		return cfg.Dynamic[p]
+	}
+	return nil
 }

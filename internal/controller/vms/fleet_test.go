@@ -63,15 +63,15 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 			}
 			f := &Fleet{Config: hostconfig.NewStore(), Capacity: ledger, Debts: noDebts{}}
 			f.init()
-			f.open(rec) // the fleet's restore, or the VM loop's next pass over the ready record
+			f.readyVMs.open(rec) // the fleet's restore, or the VM loop's next pass over the ready record
 			platform := fleet.Platform{MaxInstances: 2, SlotsPerVM: rec.Spec.Instance.Slots, Pooled: tc.pooled}
 			if tc.holder {
-				if d := fleet.Plan(platform, []fleet.VM{f.snapshot(rec)}, now); len(d.Terminate) != 0 {
+				if d := fleet.Plan(platform, []fleet.VM{f.planner.snapshot(rec)}, now); len(d.Terminate) != 0 {
 					t.Fatalf("terminating %v while a task holds it", d.Terminate)
 				}
 				ledger.Release(task)
 			}
-			d := fleet.Plan(platform, []fleet.VM{f.snapshot(rec)}, now)
+			d := fleet.Plan(platform, []fleet.VM{f.planner.snapshot(rec)}, now)
 			if len(d.Terminate) != 1 || d.Terminate[0].Name != rec.Name {
 				t.Errorf("the plan for the free retired VM: %+v; want it terminated", d)
 			}
@@ -123,7 +123,7 @@ func TestOutdatedVMStaysClosed(t *testing.T) {
 	}
 	f := &Fleet{Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
 	f.init()
-	f.open(rec)
+	f.readyVMs.open(rec)
 	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Known || occ.Retired {
 		t.Fatalf("a current VM: %+v; want it open", occ)
 	}
@@ -133,7 +133,7 @@ func TestOutdatedVMStaysClosed(t *testing.T) {
 	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Retired {
 		t.Fatalf("after the settings changed: %+v; want it closed", occ)
 	}
-	f.open(rec) // the VM loop's next pass, before the planner wrote the retirement
+	f.readyVMs.open(rec) // the VM loop's next pass, before the planner wrote the retirement
 	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Retired {
 		t.Fatalf("opened again while outdated: %+v", occ)
 	}

@@ -10,23 +10,37 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/hostconfig"
 )
 
-// Sweep terminates instances that carry this installation's tag and that no record accounts
-// for, once they are older than LeakGrace (a launch whose record is being written is younger).
+// sweeper terminates the instances berth launched and lost track of.
+type sweeper struct {
+	config       *hostconfig.Store
+	records      vmRecords
+	installation *installation
+	providers    *providers
+	recorder     events.EventRecorder
+	now          func() time.Time
+	// leakGrace is how old an instance without a record must be before it is terminated.
+	leakGrace time.Duration
+}
+
+// sweep terminates instances that carry this installation's tag and that no record accounts
+// for, once they are older than leakGrace (a launch whose record is being written is younger).
 // An instance without the tag is never touched, whoever launched it.
-func (f *Fleet) Sweep(ctx context.Context) error {
-	cfg := f.Config.Config()
+func (s *sweeper) sweep(ctx context.Context) error {
+	cfg := s.config.Config()
 	if cfg == nil {
 		return nil
 	}
-	installation, err := f.installationID(ctx)
+	installation, err := s.installation.id(ctx)
 	if err != nil {
 		return err
 	}
-	records, err := f.records(ctx)
+	records, err := s.records.list(ctx)
 	if err != nil {
 		return err
 	}
@@ -37,14 +51,14 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 			ids[rec.Status.Instance.ID] = true
 		}
 	}
-	grace := f.LeakGrace
+	grace := s.leakGrace
 	if grace <= 0 {
 		grace = 10 * time.Minute
 	}
 	var errs []error
 	for _, p := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
 		platform := string(p)
-		provider, err := f.provider(platform)
+		provider, err := s.providers.forPlatform(platform)
 		if err != nil {
 			continue // reported by the planner
 		}
@@ -54,7 +68,7 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 			continue
 		}
 		for _, inst := range found {
-			if ids[inst.ID] || (inst.Token != "" && tokens[inst.Token]) || f.now().Sub(inst.LaunchedAt) < grace {
+			if ids[inst.ID] || (inst.Token != "" && tokens[inst.Token]) || s.now().Sub(inst.LaunchedAt) < grace {
 				continue
 			}
 			if err := provider.Terminate(ctx, inst.ID); err != nil {
@@ -62,7 +76,7 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 				continue
 			}
 			leaks.WithLabelValues(platform).Inc()
-			f.Recorder.Eventf(f.installationObject(), nil, corev1.EventTypeWarning, "LeakTerminated", "Sweep",
+			s.recorder.Eventf(s.installation.object(), nil, corev1.EventTypeWarning, "LeakTerminated", "Sweep",
 				"instance %s of platform %s (record %s) had no record of berth's: terminated", inst.ID, platform, recordTag(inst.Tags))
 		}
 	}
@@ -74,12 +88,4 @@ func recordTag(tags map[string]string) string {
 		return strings.TrimSpace(r)
 	}
 	return "unknown"
-}
-
-// installationObject is what sweeper Events are about: the installation's ConfigMap.
-func (f *Fleet) installationObject() *corev1.ConfigMap {
-	cm := &corev1.ConfigMap{}
-	cm.Namespace, cm.Name = f.Namespace, InstallationConfigMap
-	cm.APIVersion, cm.Kind = "v1", "ConfigMap"
-	return cm
 }

@@ -58,8 +58,8 @@ func TestUnservableTellsTheKindNotTheCloudsWords(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &Fleet{Namespace: "berth-system", Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
 			f.init()
-			ref := f.noteTrouble("linux/arm64", tc.err)
-			if again := f.noteTrouble("linux/arm64", tc.err); again != ref {
+			ref := f.trouble.note("linux/arm64", tc.err)
+			if again := f.trouble.note("linux/arm64", tc.err); again != ref {
 				t.Errorf("a second failure of the same run got ref %s, not %s", again, ref)
 			}
 			reason, msg, _ := f.Unservable("linux/arm64", 11*time.Minute)

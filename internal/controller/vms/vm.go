@@ -8,30 +8,53 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
+	"github.com/berth-ci/berth/internal/warning"
 )
 
 // maxLaunchAttempts bounds relaunches of one record after its instance was lost.
 const maxLaunchAttempts = 3
 
-// Reconcile walks one VM record through its phases.
-func (f *Fleet) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+// vmLoop walks one VM record through its phases (launching, booting, ready, terminating),
+// asking the cloud and writing what it answered into the record.
+type vmLoop struct {
+	client       client.Client
+	config       *hostconfig.Store
+	capacity     *capacity.Capacity
+	recorder     events.EventRecorder
+	debts        Debts
+	prober       Prober
+	providers    *providers
+	installation *installation
+	trouble      *troubles
+	readyVMs     *readyVMs
+	now          func() time.Time
+	// kick asks the planner for a pass soon.
+	kick func()
+}
+
+// reconcile walks one VM record through its phases.
+func (v *vmLoop) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	// Nothing is decided before the config is read: until then every platform looks
 	// unconfigured, and a record being launched would be given up (deleted, its instance
 	// left to the sweeper) as if the cloud had refused its settings for good.
-	if !f.Config.Synced() {
+	if !v.config.Synced() {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
 	}
 	var rec berthv1.BuildHost
-	if err := f.Client.Get(ctx, req.NamespacedName, &rec); err != nil {
+	if err := v.client.Get(ctx, req.NamespacedName, &rec); err != nil {
 		if client.IgnoreNotFound(err) == nil {
-			f.dropLogin(req.Name)
+			v.readyVMs.drop(req.Name)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -43,13 +66,13 @@ func (f *Fleet) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	}
 	switch rec.Status.Instance.Phase {
 	case berthv1.InstanceLaunching, "":
-		return f.launch(ctx, &rec)
+		return v.launch(ctx, &rec)
 	case berthv1.InstanceBooting:
-		return f.boot(ctx, &rec)
+		return v.boot(ctx, &rec)
 	case berthv1.InstanceReady:
-		return f.ready(ctx, &rec)
+		return v.ready(ctx, &rec)
 	case berthv1.InstanceTerminating:
-		return f.terminate(ctx, &rec)
+		return v.terminate(ctx, &rec)
 	}
 	return reconcile.Result{}, nil
 }
@@ -61,64 +84,64 @@ func Token(rec *berthv1.BuildHost) string {
 
 // launch asks the cloud for the VM. The token makes a repeated call (after a crash before the
 // instance id was saved, or a lost answer) return the same instance.
-func (f *Fleet) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in := rec.Spec.Instance
 	if rec.Spec.Instance.Retire != "" {
-		return f.startTerminating(ctx, rec, rec.Spec.Instance.Retire)
+		return v.startTerminating(ctx, rec, rec.Spec.Instance.Retire)
 	}
-	p, err := f.providerOf(rec)
+	p, err := v.providers.of(rec)
 	if err != nil {
-		return f.launchFailed(ctx, rec, err)
+		return v.launchFailed(ctx, rec, err)
 	}
-	installation, err := f.installationID(ctx)
+	installation, err := v.installation.id(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: Token(rec), Name: rec.Name, Tags: f.tags(installation, in.Platform, rec.Name)})
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: Token(rec), Name: rec.Name, Tags: v.providers.tags(installation, in.Platform, rec.Name)})
 	if err != nil {
-		return f.launchFailed(ctx, rec, err)
+		return v.launchFailed(ctx, rec, err)
 	}
 	next := rec.DeepCopy()
 	next.Status.Instance.ID, next.Status.Instance.Phase = inst.ID, berthv1.InstanceBooting
-	next.Status.Instance.LaunchedAt = f.stamp()
+	next.Status.Instance.LaunchedAt = v.stamp()
 	next.Status.Instance.Failures, next.Status.Instance.Message = 0, ""
 	next.Status.Platform = in.Platform
-	if err := f.writeStatus(ctx, next); err != nil {
+	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err // the next attempt gets the same instance by the token
 	}
-	f.clearTrouble(in.Platform)
+	v.trouble.clear(in.Platform)
 	launches.WithLabelValues(in.Platform, "launched").Inc()
-	f.event(next, corev1.EventTypeNormal, "Launched", "instance %s launched for platform %s", inst.ID, in.Platform)
-	return f.boot(ctx, next)
+	v.event(next, corev1.EventTypeNormal, "Launched", "instance %s launched for platform %s", inst.ID, in.Platform)
+	return v.boot(ctx, next)
 }
 
 // launchFailed retries what may pass (capacity, throttling, a network error) with backoff,
 // until the platform's allocation timeout; the record goes at once when the cloud refused for
 // good (bad settings or credentials). Waiting tasks learn either way (see Unservable).
-func (f *Fleet) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
+func (v *vmLoop) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
 	in := rec.Spec.Instance
 	// The tenants waiting on the platform learn only the kind of failure and ref; cause,
 	// with the cloud's own answer, goes to this record's Events and the log under ref.
 	ref := incident.NewRef()
-	if d := f.dynamic(config.Platform(in.Platform)); d != nil && !outdated(in, d) {
+	if d := dynamic(v.config, config.Platform(in.Platform)); d != nil && !outdated(in, d) {
 		// A launch with settings the platform no longer has says nothing about the new ones.
-		ref = f.noteTrouble(in.Platform, cause)
+		ref = v.trouble.note(in.Platform, cause)
 	}
-	_, limit, _ := f.timing(in.Platform)
-	if cloud.KindOf(cause).Permanent() || f.now().Sub(rec.CreationTimestamp.Time) > limit {
-		f.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s (%s): %v", in.Platform, ref, cause)
+	_, limit, _ := v.timing(in.Platform)
+	if cloud.KindOf(cause).Permanent() || v.now().Sub(rec.CreationTimestamp.Time) > limit {
+		v.warn(rec, "LaunchFailed", "giving up on launching a VM for platform %s (%s): %v", in.Platform, ref, cause)
 		// A transient failure may still have made an instance under the token: the sweeper
 		// terminates it once it finds no record for it.
-		return reconcile.Result{}, f.deleteRecord(ctx, rec)
+		return reconcile.Result{}, v.deleteRecord(ctx, rec)
 	}
 	next := rec.DeepCopy()
 	next.Status.Instance.Failures++
 	next.Status.Instance.Message = cause.Error()
-	if err := f.writeStatus(ctx, next); err != nil {
+	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(cause))
-	f.warn(next, "LaunchRetry", "launching a VM for platform %s failed (%s: %s); retrying in %s", in.Platform, ref, cause, retry)
+	v.warn(next, "LaunchRetry", "launching a VM for platform %s failed (%s: %s); retrying in %s", in.Platform, ref, cause, retry)
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 
@@ -129,41 +152,41 @@ func backoff(failures int, asked time.Duration) time.Duration {
 }
 
 // boot waits for the instance's address and for SSH, and pins the host key at first contact.
-func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in, st := rec.Spec.Instance, rec.Status.Instance
 	if in.Retire != "" {
-		return f.startTerminating(ctx, rec, in.Retire)
+		return v.startTerminating(ctx, rec, in.Retire)
 	}
-	interval, limit, hostKey := f.timing(in.Platform)
-	p, err := f.providerOf(rec)
+	interval, limit, hostKey := v.timing(in.Platform)
+	p, err := v.providers.of(rec)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: interval}, err
 	}
 	inst, err := p.Get(ctx, st.ID)
 	switch {
 	case cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone):
-		return f.relaunch(ctx, rec, fmt.Sprintf("instance %s was lost while it booted", st.ID))
+		return v.relaunch(ctx, rec, fmt.Sprintf("instance %s was lost while it booted", st.ID))
 	case err != nil:
 		return reconcile.Result{RequeueAfter: backoff(1, cloud.RetryAfterOf(err))}, nil
 	}
-	overdue := f.now().Sub(st.LaunchedAt.Time) > limit
+	overdue := v.now().Sub(st.LaunchedAt.Time) > limit
 	if inst.State != cloud.StateRunning || inst.Address == "" {
 		if overdue {
-			return f.startTerminating(ctx, rec, fmt.Sprintf("it did not start within the allocation timeout (%s)", limit))
+			return v.startTerminating(ctx, rec, fmt.Sprintf("it did not start within the allocation timeout (%s)", limit))
 		}
 		return reconcile.Result{RequeueAfter: interval}, nil
 	}
 	probe := rec.DeepCopy()
 	probe.Status.Address, probe.Status.Instance.HostKey = inst.Address, hostKey
-	key, err := f.Prober.FirstContact(ctx, loginOf(probe))
+	key, err := v.prober.FirstContact(ctx, loginOf(probe))
 	if err != nil {
 		if overdue {
-			return f.startTerminating(ctx, rec, fmt.Sprintf("berth could not log in within the allocation timeout (%s): %v", limit, err))
+			return v.startTerminating(ctx, rec, fmt.Sprintf("berth could not log in within the allocation timeout (%s): %v", limit, err))
 		}
 		next := rec.DeepCopy()
 		next.Status.Instance.Message = "waiting for SSH: " + err.Error()
 		if next.Status.Instance.Message != st.Message {
-			if err := f.writeStatus(ctx, next); err != nil {
+			if err := v.writeStatus(ctx, next); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
@@ -171,13 +194,13 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 	}
 	next := probe
 	next.Status.Instance.HostKey, next.Status.Instance.Phase = key, berthv1.InstanceReady
-	next.Status.Instance.ReadyAt, next.Status.Instance.Message = f.stamp(), ""
-	if err := f.writeStatus(ctx, next); err != nil {
+	next.Status.Instance.ReadyAt, next.Status.Instance.Message = v.stamp(), ""
+	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	bootSeconds.WithLabelValues(in.Platform).Observe(next.Status.Instance.ReadyAt.Sub(st.LaunchedAt.Time).Seconds())
-	f.event(next, corev1.EventTypeNormal, "Ready", "instance %s at %s is ready for platform %s", st.ID, inst.Address, in.Platform)
-	return f.ready(ctx, next)
+	v.event(next, corev1.EventTypeNormal, "Ready", "instance %s at %s is ready for platform %s", st.ID, inst.Address, in.Platform)
+	return v.ready(ctx, next)
 }
 
 // relaunch gives up on an instance the cloud lost and launches anew under a new token. The
@@ -185,45 +208,45 @@ func (f *Fleet) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Res
 // hold; then the status forgets the lost instance. A crash between the two writes leaves the
 // lost instance in the status: the next pass finds it lost again and moves on to the attempt
 // after, one attempt spent and nothing launched twice.
-func (f *Fleet) relaunch(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
-	f.warn(rec, "InstanceLost", "%s", why)
+func (v *vmLoop) relaunch(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
+	v.warn(rec, "InstanceLost", "%s", why)
 	lost.WithLabelValues(rec.Spec.Instance.Platform).Inc()
 	if rec.Spec.Instance.Attempt >= maxLaunchAttempts {
-		return reconcile.Result{}, f.deleteRecord(ctx, rec)
+		return reconcile.Result{}, v.deleteRecord(ctx, rec)
 	}
 	next := rec.DeepCopy()
 	next.Spec.Instance.Attempt++
-	if err := f.Client.Update(ctx, next); err != nil {
+	if err := v.client.Update(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
 	next.Status.Instance = &berthv1.InstanceStatus{Phase: berthv1.InstanceLaunching, Message: why}
-	if err := f.writeStatus(ctx, next); err != nil {
+	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	return f.launch(ctx, next)
+	return v.launch(ctx, next)
 }
 
 // ready keeps a ready VM in the ledger, and notices when the cloud has lost it.
-func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
+func (v *vmLoop) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in := rec.Spec.Instance
-	f.open(rec)
-	interval, _, _ := f.timing(in.Platform)
-	p, err := f.providerOf(rec)
+	v.readyVMs.open(rec)
+	interval, _, _ := v.timing(in.Platform)
+	p, err := v.providers.of(rec)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: interval}, nil
 	}
 	inst, err := p.Get(ctx, rec.Status.Instance.ID)
 	if cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone) {
-		f.warn(rec, "InstanceLost", "instance %s of platform %s is gone from the cloud; its tasks fail and nothing is owed to it any more", rec.Status.Instance.ID, in.Platform)
+		v.warn(rec, "InstanceLost", "instance %s of platform %s is gone from the cloud; its tasks fail and nothing is owed to it any more", rec.Status.Instance.ID, in.Platform)
 		lost.WithLabelValues(in.Platform).Inc()
-		f.Capacity.RetireHost(rec.Name)
-		return reconcile.Result{}, f.finishTermination(ctx, rec)
+		v.capacity.RetireHost(rec.Name)
+		return reconcile.Result{}, v.finishTermination(ctx, rec)
 	}
 	// A drain, undrain or retirement changed the spec since the status was written.
 	next := rec.DeepCopy()
-	next.SetConditions(f.now())
+	next.SetConditions(v.now())
 	if !equality.Semantic.DeepEqual(next.Status, rec.Status) {
-		if err := f.Client.Status().Update(ctx, next); err != nil {
+		if err := v.client.Status().Update(ctx, next); err != nil {
 			if apierrors.IsConflict(err) {
 				return reconcile.Result{RequeueAfter: time.Second}, nil // written meanwhile: its event brings it back
 			}
@@ -233,96 +256,44 @@ func (f *Fleet) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	return reconcile.Result{RequeueAfter: interval}, nil
 }
 
-// startTerminating records the decision to end the VM, then ends it. The decision goes into
-// the spec first (spec.instance.retire: no task is handed the VM again, whatever happens
-// next), then the Terminating phase into the status. A crash between the two writes is
-// repaired from the phase the status still shows: launching and booting records that are
-// retired come back here, and a ready one is opened retired and terminated by the planner
-// once free.
-func (f *Fleet) startTerminating(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
-	next := rec.DeepCopy()
-	if next.Spec.Instance.Retire == "" {
-		next.Spec.Instance.Retire = why
-		if err := f.Client.Update(ctx, next); err != nil {
-			return reconcile.Result{}, err
-		}
-	}
-	f.Capacity.RetireHost(rec.Name)
-	if next.Status.Instance == nil {
-		next.Status.Instance = &berthv1.InstanceStatus{} // recorded; no status written yet
-	}
-	next.Status.Instance.Phase = berthv1.InstanceTerminating
-	if err := f.writeStatus(ctx, next); err != nil {
-		return reconcile.Result{}, err
-	}
-	return f.terminate(ctx, next)
-}
-
-// terminate ends the instance (already gone is done) and then drops the record.
-func (f *Fleet) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
-	in, st := rec.Spec.Instance, rec.Status.Instance
-	f.Capacity.RetireHost(rec.Name)
-	if st.ID != "" {
-		p, err := f.providerOf(rec)
-		if err == nil {
-			err = p.Terminate(ctx, st.ID)
-		}
-		if err != nil && cloud.KindOf(err) != cloud.NotFound {
-			next := rec.DeepCopy()
-			next.Status.Instance.Failures++
-			next.Status.Instance.Message = err.Error()
-			if uerr := f.writeStatus(ctx, next); uerr != nil {
-				return reconcile.Result{}, uerr
-			}
-			retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(err))
-			f.warn(next, "TerminateFailed", "terminating instance %s failed: %v; retrying in %s", st.ID, err, retry)
-			return reconcile.Result{RequeueAfter: retry}, nil
-		}
-		f.event(rec, corev1.EventTypeNormal, "Terminated", "instance %s terminated: %s", st.ID, in.Retire)
-		terminations.WithLabelValues(in.Platform).Inc()
-	}
-	return reconcile.Result{}, f.finishTermination(ctx, rec)
-}
-
-// finishTermination forgets what was owed to the VM and drops its record: nothing is left.
-func (f *Fleet) finishTermination(ctx context.Context, rec *berthv1.BuildHost) error {
-	if err := f.Debts.ForgetHost(ctx, rec.Name); err != nil {
-		return err
-	}
-	if err := f.deleteRecord(ctx, rec); err != nil {
-		return err
-	}
-	f.Capacity.RemoveHost(rec.Name)
-	f.dropLogin(rec.Name)
-	return nil
-}
-
-func (f *Fleet) deleteRecord(ctx context.Context, rec *berthv1.BuildHost) error {
-	err := f.Client.Delete(ctx, rec, client.Preconditions{UID: &rec.UID})
-	if client.IgnoreNotFound(err) != nil {
-		return err
-	}
-	f.Kick()
-	return nil
-}
-
 // writeStatus writes the status of a VM's record, its conditions first brought in line with
 // the rest (see BuildHost.SetConditions). It writes nothing of the spec.
-func (f *Fleet) writeStatus(ctx context.Context, rec *berthv1.BuildHost) error {
-	rec.SetConditions(f.now())
-	return f.Client.Status().Update(ctx, rec)
+func (v *vmLoop) writeStatus(ctx context.Context, rec *berthv1.BuildHost) error {
+	rec.SetConditions(v.now())
+	return v.client.Status().Update(ctx, rec)
 }
 
-func (f *Fleet) stamp() *berthv1.MicroTime {
-	t := berthv1.NewMicroTime(f.now())
+func (v *vmLoop) stamp() *berthv1.MicroTime {
+	t := berthv1.NewMicroTime(v.now())
 	return &t
 }
 
 // timing is the platform's check interval, allocation timeout and configured host key; the
 // defaults for a platform no longer in the config, whose VMs are still walked to their end.
-func (f *Fleet) timing(platform string) (interval, timeout time.Duration, hostKey string) {
-	if d := f.dynamic(config.Platform(platform)); d != nil {
+func (v *vmLoop) timing(platform string) (interval, timeout time.Duration, hostKey string) {
+	if d := dynamic(v.config, config.Platform(platform)); d != nil {
 		return d.CheckInterval, d.AllocationTimeout, d.HostKey
 	}
 	return time.Duration(config.DefaultCheckInterval) * time.Second, time.Duration(config.DefaultAllocationTimeout) * time.Second, ""
+}
+
+// event tells the operator of a VM's step: an Event on its BuildHost and a log line with the
+// VM, its platform and instance (a warning line for a Warning; see package warning).
+func (v *vmLoop) event(rec *berthv1.BuildHost, eventType, reason, format string, args ...any) {
+	v.recorder.Eventf(rec, nil, eventType, reason, reason, "%s", incident.Note(fmt.Sprintf(format, args...)))
+	log := vmLog.WithValues("host", rec.Name, "platform", rec.Spec.Instance.Platform, "reason", reason)
+	if st := rec.Status.Instance; st != nil && st.ID != "" {
+		log = log.WithValues("instance", st.ID)
+	}
+	if eventType == corev1.EventTypeWarning {
+		warning.Log(log, fmt.Sprintf(format, args...))
+		return
+	}
+	log.Info(fmt.Sprintf(format, args...))
+}
+
+var vmLog = ctrl.Log.WithName("vm")
+
+func (v *vmLoop) warn(rec *berthv1.BuildHost, reason, format string, args ...any) {
+	v.event(rec, corev1.EventTypeWarning, reason, format, args...)
 }
