@@ -10,7 +10,7 @@ import (
 )
 
 // The production binary links none of the test ground, the dev stack, the bench (nor its
-// plotting library) or the test-only cloud provider: they are berth-dev's (cmd/berth-dev).
+// plotting library) or the test-only cloud provider and provisioner: they are berth-dev's (cmd/berth-dev).
 func TestLinksNoDevelopmentCode(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
 	if err != nil {
@@ -19,6 +19,7 @@ func TestLinksNoDevelopmentCode(t *testing.T) {
 	forbidden := []string{
 		"github.com/berth-ci/berth/internal/dev",
 		"github.com/berth-ci/berth/internal/cloud/cloudfake",
+		"github.com/berth-ci/berth/internal/provision/provisionfake",
 		"gonum.org/v1/plot",
 	}
 	for _, pkg := range strings.Fields(string(out)) {

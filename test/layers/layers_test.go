@@ -59,7 +59,7 @@ var layers = []layer{
 		"internal/dev/testground/sshfake/...", "internal/dev/testground/sshhosts/...",
 		"internal/dev/testground/tektonstandin/...", "internal/dev/testground/tlscerts/...",
 		"internal/dev/testground/vmcloud/...", "internal/dev/testground/vpcfake/...",
-		"internal/dev/localvm/...", "internal/cloud/cloudfake/...",
+		"internal/dev/localvm/...", "internal/cloud/cloudfake/...", "internal/provision/provisionfake/...",
 	}},
 	{name: "dev stack", units: []unit{"internal/dev/devstack/..."}},
 	{name: "dev harness", units: []unit{"internal/dev/testground/stacktest/...", "internal/dev/bench/..."}},
