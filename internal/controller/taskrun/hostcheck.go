@@ -295,6 +295,9 @@ func (h *staticHosts) refreshConditions(ctx context.Context, bh *berthv1.BuildHo
 // drained: for a host that is gone for good. The status is written first: spec.forget still
 // holds until the second write, so a crash between the two forgets again after the restart.
 func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) error {
+	// Out of service first: dropping the debts frees their slots and wakes the waiters, and
+	// none may be handed this host while the forget is still writing its record.
+	r.Capacity.Quarantine(bh.Host(), true)
 	if err := r.ForgetHost(ctx, bh.Host()); err != nil {
 		return err
 	}

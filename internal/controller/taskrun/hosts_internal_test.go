@@ -618,3 +618,54 @@ func TestCleansThatShowTheHostBrokenQuarantineIt(t *testing.T) {
 		})
 	}
 }
+
+// A host being forgotten is out of service from the moment its debts go: freeing their slots
+// wakes the waiters, and a worker that reconciles one while the forget is still writing the
+// host's record must not be handed the host that is going away.
+func TestAForgottenHostIsNotHandedOutWhileItIsForgotten(t *testing.T) {
+	var duringForget func()
+	h := &harness{t: t, api: withGenerations(newAPIServer()), events: &eventLog{}, cfg: hostsConfig(1, "h1", "h2"),
+		faults: &interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			if f := duringForget; f != nil && sub == "status" {
+				duringForget = nil
+				f()
+			}
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		}}}
+	h.start()
+	h.checkHosts()
+	first := h.create(userTaskRun("first", s390x))
+	h.create(userTaskRun("second", s390x))
+	h.settle()
+	if _, address := h.handedOver(first); address != addressOf(0) {
+		t.Fatalf("first is on %s, want h1", address)
+	}
+	// h1 dies with first's user on it: the clean is owed and holds h1's slot.
+	h.prov.Rule = func(kind provisionfake.Kind, j provision.Job) (provision.Outcome, bool) {
+		if kind == provisionfake.Clean && j.Login.Host == "h1" {
+			return provision.Outcome{Err: &remote.UnreachableError{Host: j.Login.Address, Err: errors.New("connection timed out")}}, true
+		}
+		return provision.Outcome{}, true
+	}
+	h.finish("first")
+	h.create(userTaskRun("waiter", s390x))
+	h.settle()
+	h.waiting("waiter")
+
+	// Another worker reconciles the waiter, woken by the freed slot, while the forget writes.
+	duringForget = func() {
+		req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: tenantNS, Name: "waiter"}}
+		if _, err := h.r.Reconcile(h.ctx, req); err != nil {
+			t.Errorf("reconciling the waiter during the forget: %v", err)
+		}
+	}
+	h.operate("h1", func(s *berthv1.BuildHostSpec) { s.Forget = true })
+	if duringForget != nil {
+		t.Fatal("the forget wrote no status: the test did not reconcile the waiter in between")
+	}
+	h.waiting("waiter")
+	if rec := h.record(h.get("waiter")); rec != nil {
+		t.Errorf("the waiter has a record (%s on %v, failed hosts %v): it was handed the host being forgotten",
+			rec.Status.Phase, rec.Status.Login, rec.Status.FailedHosts)
+	}
+}
