@@ -196,6 +196,14 @@ func TestWithoutTheWebhookLocalTasksGetAnError(t *testing.T) {
 	// The tenant's own attempt: amd64 is allowed, and so is arm64.
 	lax := create(t, withPodTemplate(userTaskRun(ns, "lax", "linux/x86_64", ""),
 		&pod.Template{Affinity: &corev1.Affinity{NodeAffinity: requiredTerms(term(twoArches, osLinux))}}))
+	// Both answered, and told so, before the stop: Events are written in the background, and
+	// one still on its way when the controller stops is dropped (Events are best effort).
+	for _, tr := range []*pipelinev1.TaskRun{unpinned, lax} {
+		secretOf(t, tr)
+		eventually(t, "a LocalAffinityMissing warning on "+tr.Name, func() (bool, error) {
+			return warnedOn(tr, "LocalAffinityMissing")
+		})
+	}
 	if err := stack.StopController(); err != nil {
 		t.Fatal(err)
 	}
