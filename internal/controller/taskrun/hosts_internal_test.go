@@ -414,12 +414,7 @@ func TestForgettingAHostDropsItsDebtsAndLeavesItDrained(t *testing.T) {
 	}
 
 	// h1 dies with the user on it: its clean is owed and holds h1's slot.
-	h.prov.Rule = func(kind provisionfake.Kind, j provision.Job) (provision.Outcome, bool) {
-		if kind == provisionfake.Clean && j.Login.Host == "h1" {
-			return provision.Outcome{Err: &remote.UnreachableError{Host: j.Login.Address, Err: errors.New("connection timed out")}}, true
-		}
-		return provision.Outcome{}, true
-	}
+	h.prov.Rule = cleansUnreachableOn("h1")
 	h.finish("first")
 	h.create(userTaskRun("waiter", s390x))
 	h.settle()
@@ -641,12 +636,7 @@ func TestAForgottenHostIsNotHandedOutWhileItIsForgotten(t *testing.T) {
 		t.Fatalf("first is on %s, want h1", address)
 	}
 	// h1 dies with first's user on it: the clean is owed and holds h1's slot.
-	h.prov.Rule = func(kind provisionfake.Kind, j provision.Job) (provision.Outcome, bool) {
-		if kind == provisionfake.Clean && j.Login.Host == "h1" {
-			return provision.Outcome{Err: &remote.UnreachableError{Host: j.Login.Address, Err: errors.New("connection timed out")}}, true
-		}
-		return provision.Outcome{}, true
-	}
+	h.prov.Rule = cleansUnreachableOn("h1")
 	h.finish("first")
 	h.create(userTaskRun("waiter", s390x))
 	h.settle()
@@ -667,5 +657,16 @@ func TestAForgottenHostIsNotHandedOutWhileItIsForgotten(t *testing.T) {
 	if rec := h.record(h.get("waiter")); rec != nil {
 		t.Errorf("the waiter has a record (%s on %v, failed hosts %v): it was handed the host being forgotten",
 			rec.Status.Phase, rec.Status.Login, rec.Status.FailedHosts)
+	}
+}
+
+// cleansUnreachableOn is a provisioner whose cleans on host fail as on a host that died; every
+// other job ends well at once.
+func cleansUnreachableOn(host string) provisionfake.Rule {
+	return func(kind provisionfake.Kind, j provision.Job) (provision.Outcome, bool) {
+		if kind == provisionfake.Clean && j.Login.Host == host {
+			return provision.Outcome{Err: &remote.UnreachableError{Host: j.Login.Address, Err: errors.New("connection timed out")}}, true
+		}
+		return provision.Outcome{}, true
 	}
 }
