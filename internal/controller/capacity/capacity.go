@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 )
 
@@ -89,6 +90,12 @@ func (c *Capacity) SetHosts(hosts []allocation.Host) { c.Wake(c.ledger.SetHosts(
 // SetNamespaceCaps replaces the per-namespace caps, waking who can go now.
 func (c *Capacity) SetNamespaceCaps(caps map[string]int) {
 	c.Wake(c.ledger.SetNamespaceCaps(caps)...)
+}
+
+// Follow takes a host's record into the ledger: a drained or quarantined host takes no new
+// task; one back in service wakes who can go now.
+func (c *Capacity) Follow(bh *berthv1.BuildHost) {
+	c.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
 }
 
 // MarkRestored says the ledger now holds what the records say (after a start); until then no

@@ -162,7 +162,7 @@ func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost,
 	case !next.Status.Quarantined && bh.Status.Quarantined:
 		h.event(ctx, next, corev1.EventTypeNormal, "HostHealthy", "Check", "host %s passed its check and takes builds again", host.Name)
 	}
-	h.sync(next)
+	h.capacity.Follow(next)
 	return nil
 }
 
@@ -201,7 +201,7 @@ func (h *staticHosts) quarantineForCleans(ctx context.Context, hostName, why str
 		return
 	}
 	h.event(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
-	h.sync(&bh)
+	h.capacity.Follow(&bh)
 }
 
 // owedClean is a build user a record owes a host: the TaskRun key (namespace/name) of the
@@ -243,11 +243,6 @@ func (h *staticHosts) writeStatus(ctx context.Context, bh *berthv1.BuildHost) er
 	return h.client.Status().Update(ctx, bh)
 }
 
-// sync tells the ledger whether the host takes new builds.
-func (h *staticHosts) sync(bh *berthv1.BuildHost) {
-	h.capacity.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
-}
-
 // HostRecords applies what operators do to BuildHost records (drain, undrain, forget).
 type HostRecords struct{ Reconciler *Reconciler }
 
@@ -264,7 +259,7 @@ func (h *HostRecords) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if bh.Spec.Forget {
 		return reconcile.Result{}, r.forgetHost(ctx, &bh)
 	}
-	r.hosts.sync(&bh)
+	r.Capacity.Follow(&bh)
 	return r.hosts.refreshConditions(ctx, &bh)
 }
 
@@ -310,7 +305,7 @@ func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) erro
 	if err := r.Client.Update(ctx, next); err != nil {
 		return err
 	}
-	r.hosts.sync(next)
+	r.Capacity.Follow(next)
 	return nil
 }
 

@@ -82,11 +82,6 @@ func newMirror(r *Reconciler) *taskMirror {
 		refreshes: make(chan event.GenericEvent, positionWritesPerInterval)}
 }
 
-// event tells the TaskRun's owner (see Reconciler.event).
-func (m *taskMirror) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
-	tell(ctx, m.recorder, tr, host, eventType, reason, format, args...)
-}
-
 // forget drops what is kept about a TaskRun's mirrors once it has ended or gone.
 func (m *taskMirror) forget(uid types.UID) {
 	m.written.Delete(uid)
@@ -195,7 +190,7 @@ func (m *taskMirror) sync(ctx context.Context, tr *pipelinev1.TaskRun, rec *bert
 		}
 		m.noteRevert(tr)
 		mirrorReverts.Inc()
-		m.event(ctx, tr, "", corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
+		tell(ctx, m.recorder, tr, "", corev1.EventTypeWarning, "MirrorReverted", "labels, annotations and finalizer of this TaskRun are written by berth from its own records; the edit was undone and changed nothing")
 		return reconcile.Result{}, nil
 	}
 	if err := m.patch(ctx, tr, want); err != nil {
@@ -226,7 +221,7 @@ func (m *taskMirror) patch(ctx context.Context, tr *pipelinev1.TaskRun, state mi
 	err := m.write(ctx, tr, before, state)
 	if err != nil && !state.bare && annotationsTooLong(err) {
 		m.full.Store(tr.UID, struct{}{})
-		m.event(ctx, before, "", corev1.EventTypeWarning, "AnnotationsFull",
+		tell(ctx, m.recorder, before, "", corev1.EventTypeWarning, "AnnotationsFull",
 			"annotations full (%d bytes in all): no queue-position or failed-hosts here; the labels show the state", apivalidation.TotalAnnotationSizeLimitB)
 		*tr = *before.DeepCopy()
 		state.bare = true

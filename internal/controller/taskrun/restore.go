@@ -50,15 +50,6 @@ type line struct {
 	mu      sync.Mutex // one restore at a time
 }
 
-func (l *line) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
-	tell(ctx, l.recorder, tr, host, eventType, reason, format, args...)
-}
-
-// syncHost tells the ledger whether the host takes new builds.
-func (l *line) syncHost(bh *berthv1.BuildHost) {
-	l.capacity.Quarantine(bh.Host(), bh.Spec.Drained || bh.Status.Quarantined)
-}
-
 // restoreOnce rebuilds the ledger from the records, and only from them, before the first
 // decision: who holds which slot, who waits in which order, which cleanups still hold slots.
 // It needs the config (which hosts exist) and nothing else. Reconciles wait for it.
@@ -100,7 +91,7 @@ func (l *line) restoreOnce(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	for i := range hosts.Items {
-		l.syncHost(&hosts.Items[i])
+		l.capacity.Follow(&hosts.Items[i])
 	}
 	if err := l.adoptOnce(ctx); err != nil {
 		return false, err
@@ -292,14 +283,14 @@ func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName strin
 	host := l.config.Host(hostName)
 	if host == nil {
 		// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
-		l.event(ctx, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
+		tell(ctx, l.recorder, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
 		return false, client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true}))
 	}
 	// The labels are still the tenant's to write: they may name a full host. The controller
 	// berth replaces never over-committed, so a task beyond the host's concurrency was not
 	// really there; it is served like a new task instead.
 	if !l.capacity.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
-		l.event(ctx, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
+		tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
 		return false, nil
 	}
 	rec := l.records.forTask(tr, config.StrategyStatic)
@@ -311,6 +302,6 @@ func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName strin
 		l.capacity.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
-	l.event(ctx, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
+	tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
 	return true, nil
 }

@@ -29,17 +29,13 @@ type taskSecrets struct {
 	mirror    *taskMirror
 }
 
-func (ts *taskSecrets) event(ctx context.Context, tr *pipelinev1.TaskRun, host, eventType, reason, format string, args ...any) {
-	tell(ctx, ts.recorder, tr, host, eventType, reason, format, args...)
-}
-
 // fail answers the task with an error secret it prints before it exits.
 func (ts *taskSecrets) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string) error {
 	if err := ts.write(ctx, tr, tasksecret.ForError(ownerOf(tr), message)); err != nil {
 		return err
 	}
 	errorSecrets.WithLabelValues(reason).Inc()
-	ts.event(ctx, tr, "", corev1.EventTypeWarning, reason, "%s", message)
+	tell(ctx, ts.recorder, tr, "", corev1.EventTypeWarning, reason, "%s", message)
 	return ts.mirror.patch(ctx, tr, mirrorState{platform: contract.Platform(tr)})
 }
 
@@ -59,7 +55,7 @@ func (ts *taskSecrets) write(ctx context.Context, tr *pipelinev1.TaskRun, s *cor
 		return err
 	}
 	if !ownedBy(&existing, tr.UID) {
-		ts.event(ctx, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
+		tell(ctx, ts.recorder, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
 		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
 	}
 	if err := ts.client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {

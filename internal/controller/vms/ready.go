@@ -79,5 +79,5 @@ func (r *readyVMs) open(rec *berthv1.BuildHost) {
 	}
 	r.capacity.PutHost(host)
 	// A drained or quarantined VM stays out of service.
-	r.capacity.Quarantine(rec.Name, rec.Spec.Drained || rec.Status.Quarantined)
+	r.capacity.Follow(rec)
 }
