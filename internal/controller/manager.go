@@ -26,8 +26,8 @@ import (
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/controller/hosts"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
-	"github.com/berth-ci/berth/internal/controller/vms"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/hostkeys"
 	"github.com/berth-ci/berth/internal/hostops"
@@ -237,7 +237,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	keys := hostops.NewKeyStock(keyStockSize)
 	store.OnChange(func(cfg *config.Config) { keys.Prepare(cfg.UserKeyType) })
 	// One ledger of what berth can hand out, with its wake-ups, for the task controller and
-	// the VM fleet alike.
+	// the hosts' owner alike.
 	slots := capacity.New()
 	slots.Publish()
 	reconciler := &taskrun.Reconciler{
@@ -245,9 +245,6 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Capacity: slots, Recorder: recorder, NewKey: keys.NewKey,
 		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
 		PositionInterval: o.QueuePositionInterval,
-	}
-	if o.HostCheckInterval > 0 {
-		reconciler.QuarantineAfterCleanFailures = 3
 	}
 	uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
@@ -268,21 +265,23 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	default:
 		return nil, fmt.Errorf("--provisioner=%q: want ssh or taskrun", o.Provisioner)
 	}
-	fleet := &vms.Fleet{
+	owner := &hosts.Owner{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
 		Capacity: slots, Recorder: recorder, Debts: reconciler,
-		Prober:        vms.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
+		Checker: reconciler.Provisioner, CheckInterval: o.HostCheckInterval,
+		Prober:        hosts.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
 		Secret:        secretReader(mgr.GetAPIReader(), o.Namespace),
 		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace, PlanInterval: o.VMPlanInterval, Now: o.Clock,
 	}
-	reconciler.VMs = fleet
+	if o.HostCheckInterval > 0 {
+		// Only checks lift a quarantine: without them, none is imposed for failing cleans.
+		owner.QuarantineAfterCleanFailures = 3
+	}
+	reconciler.Hosts = owner
 	if err := reconciler.SetupWithManager(mgr, o.ConcurrentReconciles); err != nil {
 		return nil, err
 	}
-	if err := fleet.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	if err := mgr.Add(&taskrun.HostChecks{Reconciler: reconciler, Interval: o.HostCheckInterval}); err != nil {
+	if err := owner.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

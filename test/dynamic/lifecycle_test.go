@@ -10,7 +10,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	berthcloud "github.com/berth-ci/berth/internal/cloud"
-	"github.com/berth-ci/berth/internal/controller/vms"
+	"github.com/berth-ci/berth/internal/controller/hosts"
 	"github.com/berth-ci/berth/internal/dev/devstack"
 	"github.com/berth-ci/berth/internal/dev/localvm"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
@@ -159,7 +159,7 @@ func TestSweeperTerminatesUntrackedInstances(t *testing.T) {
 	useConfig(t, platform, devstack.DynamicSettings{MaxInstances: 1})
 	var cm corev1.ConfigMap
 	eventually(t, "berth has an installation id", func() (bool, error) {
-		err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: vms.InstallationConfigMap}, &cm)
+		err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: hosts.InstallationConfigMap}, &cm)
 		return err == nil, client.IgnoreNotFound(err)
 	})
 	provider, err := localvm.New(berthcloud.Settings{Platform: platform, Values: map[string]string{"endpoint": cloud().URL(), "secret": devstack.VMCloudSecret},

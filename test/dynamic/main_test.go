@@ -20,7 +20,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
-	"github.com/berth-ci/berth/internal/controller/vms"
+	"github.com/berth-ci/berth/internal/controller/hosts"
 	"github.com/berth-ci/berth/internal/dev/devstack"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
@@ -139,7 +139,7 @@ func launchesThrough(provider string) int {
 // provider passes on, whatever id its API gives the instance.
 func machineOf(t *testing.T, vm *berthv1.BuildHost) vmcloud.Instance {
 	t.Helper()
-	token := vms.Token(vm)
+	token := hosts.Token(vm)
 	for _, inst := range cloud().Instances() {
 		if inst.Token == token {
 			return inst
@@ -181,7 +181,7 @@ func settled(t *testing.T, ns string, wantAlive int) {
 // record accounts for (leaks).
 func aliveInstances() (int, []string, error) {
 	var list berthv1.BuildHostList
-	if err := c().List(context.Background(), &list, client.InNamespace(devstack.Namespace), client.HasLabels{vms.LabelVM}); err != nil {
+	if err := c().List(context.Background(), &list, client.InNamespace(devstack.Namespace), client.HasLabels{hosts.LabelVM}); err != nil {
 		return 0, nil, err
 	}
 	recorded := map[string]bool{}
@@ -189,7 +189,7 @@ func aliveInstances() (int, []string, error) {
 		if r.Status.Instance != nil && r.Status.Instance.ID != "" {
 			recorded[r.Status.Instance.ID] = true
 		}
-		recorded[vms.Token(&r)] = true
+		recorded[hosts.Token(&r)] = true
 	}
 	alive := 0
 	var unaccounted []string
@@ -219,7 +219,7 @@ func noDoubleLaunch(t *testing.T) {
 
 func vmRecords(platform string) ([]berthv1.BuildHost, error) {
 	var list berthv1.BuildHostList
-	err := c().List(context.Background(), &list, client.InNamespace(devstack.Namespace), client.HasLabels{vms.LabelVM})
+	err := c().List(context.Background(), &list, client.InNamespace(devstack.Namespace), client.HasLabels{hosts.LabelVM})
 	var out []berthv1.BuildHost
 	for _, r := range list.Items {
 		if r.Spec.Instance.Platform == platform {

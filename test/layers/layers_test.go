@@ -45,7 +45,7 @@ var layers = []layer{
 	// What the owners share: the ledger and its wake-ups.
 	{name: "capacity", units: []unit{"internal/controller/capacity/..."}},
 	{name: "owners", alone: true, units: []unit{
-		"internal/controller/taskrun/...", "internal/controller/vms/...", "internal/webhook/...",
+		"internal/controller/taskrun/...", "internal/controller/hosts/...", "internal/webhook/...",
 	}},
 	{name: "wiring", units: []unit{"internal/controller"}},
 	{name: "commands", units: []unit{"internal/cli/...", "cmd/berth/..."}},
@@ -162,8 +162,8 @@ func TestAWrongImportIsRejected(t *testing.T) {
 			want:  "internal/controller/taskrun (owners) imports internal/dev/testground/sshhosts (dev ground): up a layer",
 		},
 		"one owner imports another": {
-			graph: map[string][]string{"internal/controller/taskrun": {"internal/controller/vms"}, "internal/controller/vms": nil},
-			want:  "internal/controller/taskrun imports internal/controller/vms: two owners depend on each other",
+			graph: map[string][]string{"internal/controller/taskrun": {"internal/controller/hosts"}, "internal/controller/hosts": nil},
+			want:  "internal/controller/taskrun imports internal/controller/hosts: two owners depend on each other",
 		},
 		"a package nobody placed": {
 			graph: map[string][]string{"internal/util": nil},

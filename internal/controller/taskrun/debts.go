@@ -26,8 +26,15 @@ type debts struct {
 	capacity    *capacity.Capacity
 	strategies  strategies
 	records     *recordStore
-	hosts       *staticHosts
-	recorder    events.EventRecorder
+	// cleans judges each clean's outcome; nil judges none.
+	cleans   HostCleans
+	recorder events.EventRecorder
+}
+
+// failedClean is one debt whose clean failed in a pass.
+type failedClean struct {
+	debt berthv1.Debt
+	err  error
 }
 
 // pay removes owed build users, with backoff on failure, whatever the config says now:
@@ -81,7 +88,14 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
 		tellRecord(ctx, ds.recorder, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
 	}
-	ds.hosts.judgeCleans(ctx, rec, paid, failures, next.Status.CleanFailures, retry)
+	if ds.cleans != nil {
+		for _, d := range paid {
+			ds.cleans.Cleaned(ctx, d)
+		}
+		for _, f := range failures {
+			ds.cleans.CleanFailed(ctx, rec, f.debt, f.err, next.Status.CleanFailures, retry)
+		}
+	}
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 
@@ -117,24 +131,8 @@ func (ds *debts) settle(ctx context.Context, rec, next *berthv1.Allocation, sett
 	return nil
 }
 
-// byHost lists, per host, the build users records owe it.
-func (ds *debts) byHost(ctx context.Context) (map[string][]owedClean, error) {
-	var list berthv1.AllocationList
-	if err := ds.client.List(ctx, &list, client.InNamespace(ds.namespace)); err != nil {
-		return nil, err
-	}
-	owed := map[string][]owedClean{}
-	for _, rec := range list.Items {
-		for _, d := range rec.Status.Debts {
-			owed[d.Host] = append(owed[d.Host], owedClean{key: rec.Spec.TaskRun.Key(), user: d.BuildUser})
-		}
-	}
-	return owed, nil
-}
-
 // forgetHost drops every build user owed to the host and frees the slots they held.
 func (ds *debts) forgetHost(ctx context.Context, host string) error {
-	ds.hosts.cleans.forgetHost(host)
 	var list berthv1.AllocationList
 	if err := ds.client.List(ctx, &list, client.InNamespace(ds.namespace)); err != nil {
 		return err
@@ -165,4 +163,10 @@ func (ds *debts) forgetHost(ctx context.Context, host string) error {
 func cleanBackoff(failures int) time.Duration {
 	d := time.Second << min(failures-1, 9)
 	return min(d, 5*time.Minute)
+}
+
+// ForgetHost drops every build user owed to the host and frees the slots they held: for a host
+// gone for good (forgotten by an operator, or a VM berth terminated).
+func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
+	return r.debts.forgetHost(ctx, host)
 }

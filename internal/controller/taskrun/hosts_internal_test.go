@@ -1,11 +1,12 @@
 package taskrun
 
-// The owner of the static hosts (hostcheck.go, leftovers.go, cleanfault.go): health checks,
+// The static hosts as the task side meets them (their owner is package hosts): health checks,
 // quarantine and its lifting, what build users leave behind, and the operator's drain,
-// undrain and forget; and how the capacity follows them. Same harness as the phases
-// (phases_internal_test.go): the fake client with the BuildHost status subresource, the fake
-// provisioner answering the checks, the real ledger. The stack tests hostcheck_test.go,
-// hostadmin_test.go and leftovers_test.go keep the same promises against real hosts.
+// undrain and forget; and how the capacity and the tasks follow them. Same harness as the
+// phases (phases_internal_test.go), with the hosts' owner wired as the manager wires it: the
+// fake client with the BuildHost status subresource, the fake provisioner answering the
+// checks, the real ledger. The stack tests hostcheck_test.go, hostadmin_test.go and
+// leftovers_test.go keep the same promises against real hosts.
 
 import (
 	"context"
@@ -31,6 +32,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/controller/hosts"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/provision"
 	"github.com/berth-ci/berth/internal/provision/provisionfake"
@@ -75,11 +77,22 @@ func withGenerations(api client.WithWatch) client.WithWatch {
 	})
 }
 
-// checkHosts runs one round of health checks, as HostChecks does each interval, and settles
+// hostsOwner is the owner of the BuildHost records, as newReconciler wired it.
+func (h *harness) hostsOwner() *hosts.Owner {
+	h.t.Helper()
+	// By the time a host's event or check comes, the controller has rebuilt its ledger (its
+	// restorer runs at start).
+	if done, err := h.r.line.restoreOnce(h.ctx); !done || err != nil {
+		h.t.Fatalf("restore: done %v, %v", done, err)
+	}
+	return h.r.Hosts.(*hosts.Owner)
+}
+
+// checkHosts runs one round of health checks, as the owner does each interval, and settles
 // what it woke.
 func (h *harness) checkHosts() {
 	h.t.Helper()
-	if err := (&HostChecks{Reconciler: h.r}).checkAll(h.ctx); err != nil {
+	if err := h.hostsOwner().CheckNow(h.ctx); err != nil {
 		h.t.Fatalf("check round: %v", err)
 	}
 	h.settle()
@@ -129,7 +142,7 @@ func (h *harness) operate(host string, edit func(*berthv1.BuildHostSpec)) {
 func (h *harness) hostEvent(host string) {
 	h.t.Helper()
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: berthNS, Name: berthv1.BuildHostName(host)}}
-	if _, err := (&HostRecords{Reconciler: h.r}).Reconcile(h.ctx, req); err != nil {
+	if _, err := h.hostsOwner().Reconcile(h.ctx, req); err != nil {
 		h.t.Fatalf("reconciling BuildHost %s: %v", host, err)
 	}
 	h.settle()
@@ -464,7 +477,7 @@ func TestForgettingAHostDropsItsDebtsAndLeavesItDrained(t *testing.T) {
 // the entry goes and the slot serves the next task.
 func TestLeftoversCostOnlyTheBuildUsersOwnSlot(t *testing.T) {
 	const threshold = 2
-	h := newHostsHarness(t, hostsConfig(2, "h1"), func(r *Reconciler) { r.QuarantineAfterCleanFailures = threshold })
+	h := newHostsHarness(t, hostsConfig(2, "h1"), func(r *Reconciler) { r.Hosts.(*hosts.Owner).QuarantineAfterCleanFailures = threshold })
 	dirty := h.create(userTaskRun("dirty", s390x))
 	h.settle()
 	user, _ := h.handedOver(dirty)
@@ -553,7 +566,7 @@ func TestCleansThatShowTheHostBrokenQuarantineIt(t *testing.T) {
 		}, []string{tenantNS, otherNS}, "cleans of build users of different namespaces (other, tenant) fail there"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHostsHarness(t, hostsConfig(3, "h1"), func(r *Reconciler) { r.QuarantineAfterCleanFailures = threshold })
+			h := newHostsHarness(t, hostsConfig(3, "h1"), func(r *Reconciler) { r.Hosts.(*hosts.Owner).QuarantineAfterCleanFailures = threshold })
 			var tasks []*pipelinev1.TaskRun
 			for i, ns := range tc.namespaces {
 				tr := userTaskRun(fmt.Sprintf("task-%d", i), s390x)

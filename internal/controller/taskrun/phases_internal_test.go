@@ -44,6 +44,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/controller/hosts"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/kubescheme"
@@ -111,6 +112,10 @@ func newReconciler(t *testing.T, ctx context.Context, apiserver client.WithWatch
 		Capacity: capacity.New(), Recorder: recorder, Provisioner: prov, NewKey: hostops.NewKey,
 	}
 	prov.Notify = r.Notify // as provision.NewSSH(..., reconciler.Notify)
+	// The hosts' owner, as the manager wires it: it judges failed cleans and keeps the hosts'
+	// records; its VM side has no cloud here.
+	r.Hosts = &hosts.Owner{Client: cached, APIReader: apiserver, Namespace: berthNS, Config: store,
+		Capacity: r.Capacity, Recorder: recorder, Debts: r, Checker: prov}
 	if tune != nil {
 		tune(r)
 	}
@@ -688,22 +693,23 @@ func TestRefusedTasksGetAnErrorTheyCanActOn(t *testing.T) {
 		platform string
 		reason   string
 		want     []string
+		tune     func(*Reconciler)
 	}{
 		{"unknown platform", hostsConfig(1, "h1"), "linux/riscv64", "UnknownPlatform",
-			[]string{`platform "linux/riscv64" is not configured`, s390x, "Fix the PLATFORM param"}},
+			[]string{`platform "linux/riscv64" is not configured`, s390x, "Fix the PLATFORM param"}, nil},
 		{"namespace not allowed", with(hostsConfig(1, "h1"), "allowed-namespaces", "team-.*"), s390x, "NamespaceNotAllowed",
-			[]string{"namespace tenant may not use multi-platform builds", "allowed-namespaces"}},
+			[]string{"namespace tenant may not use multi-platform builds", "allowed-namespaces"}, nil},
 		{"no config", nil, s390x, "ConfigInvalid",
-			[]string{"no valid host configuration", contract.ConfigLabel, berthNS}},
+			[]string{"no valid host configuration", contract.ConfigLabel, berthNS}, nil},
 		{"dynamic platform without a fleet", with(hostsConfig(1, "h1"), "dynamic-platforms", "linux/arm64",
 			"dynamic.linux-arm64.type", "aws", "dynamic.linux-arm64.max-instances", "2", "dynamic.linux-arm64.ssh-secret", "aws-ssh",
 			"dynamic.linux-arm64.region", "us-east-1", "dynamic.linux-arm64.ami", "ami-0123456789abcdef0",
 			"dynamic.linux-arm64.instance-type", "m6g.large", "dynamic.linux-arm64.key-name", "berth",
 			"dynamic.linux-arm64.aws-secret", "aws-creds"), "linux/arm64", "PlatformUnsupported",
-			[]string{"platform linux/arm64 is configured as dynamic", "static host"}},
+			[]string{"platform linux/arm64 is configured as dynamic", "static host"}, func(r *Reconciler) { r.Hosts = nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, tc.config, nil)
+			h := newHarness(t, tc.config, tc.tune)
 			tr := h.create(userTaskRun("refused", tc.platform))
 			h.settle()
 			msg := h.errorSecret(tr)

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -45,13 +44,14 @@ type Reconciler struct {
 	APIReader client.Reader
 	Namespace string // the controller's: records, config, admin secrets
 	Config    *hostconfig.Store
-	// Capacity is the ledger and its wake-ups, shared with the VM fleet.
+	// Capacity is the ledger and its wake-ups, shared with the hosts' owner.
 	Capacity    *capacity.Capacity
 	Recorder    events.EventRecorder
 	Provisioner provision.Provisioner
 	NewKey      KeyPair
-	// VMs serves dynamic and dynamic-pool platforms; without it they get an error secret.
-	VMs VMs
+	// Hosts serves dynamic and dynamic-pool platforms (without it they get an error secret)
+	// and judges failed cleans (without it no clean quarantines a host).
+	Hosts Hosts
 	// OTP, if set, gives tasks a one-time token for their key instead of the key.
 	OTP *OneTimeKeys
 	// WaitTimeout ends a wait for a host with an error secret; 0 waits forever.
@@ -59,9 +59,6 @@ type Reconciler struct {
 	// MirrorRevertInterval is the least time between two reverts of a tenant's edit of the
 	// mirrors on one TaskRun, so an edit loop cannot drive unbounded writes.
 	MirrorRevertInterval time.Duration
-	// QuarantineAfterCleanFailures quarantines a host once cleans that show it broken (see
-	// cleanVerdicts.failed) failed that many times in a row; 0 never does.
-	QuarantineAfterCleanFailures int
 	// PositionInterval is the least time between two writes of a waiting TaskRun's place in
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
@@ -76,7 +73,6 @@ type Reconciler struct {
 	gate       gate
 	line       *line
 	keyring    *keyring
-	hosts      *staticHosts
 	debts      *debts
 	// The phases of a user task (phases.go).
 	admitting    *admitPhase
@@ -85,9 +81,6 @@ type Reconciler struct {
 	guarding     *guardPhase
 	answers      *answers
 	finishing    *finishPhase
-	restore      sync.Mutex
-	keys         sync.Map // "uid/attempt" → private key of a user being provisioned
-	ready        sync.Map // "uid/attempt" → digest of the secret handed over for a ready user
 	now          func() time.Time
 }
 

@@ -99,11 +99,6 @@ func job(rec *berthv1.Allocation, login berthv1.HostLogin, user string) provisio
 	}
 }
 
-func loginOf(h *config.StaticHost) berthv1.HostLogin {
-	return berthv1.HostLogin{Host: h.Name, Address: h.Address, AdminUser: h.User, AdminSecret: h.Secret,
-		HostKey: h.HostKey, Platform: string(h.Platform)}
-}
-
 // digest fingerprints a secret's data, to notice someone else's edit.
 func digest(data map[string][]byte) string {
 	h := sha256.New()

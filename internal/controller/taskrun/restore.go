@@ -294,7 +294,7 @@ func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName strin
 		return false, nil
 	}
 	rec := l.records.forTask(tr, config.StrategyStatic)
-	login := loginOf(host)
+	login := hostconfig.Login(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
 		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
 		ReservedAt: microStamp(l.now())}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,11 +44,12 @@ func (r *Reconciler) init() {
 	r.mirror = newMirror(r)
 	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
-	r.strategies = strategies{config: r.Config, vms: r.VMs}
-	r.hosts = &staticHosts{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
-		capacity: r.Capacity, recorder: r.Recorder, now: r.now, cleans: &cleanVerdicts{}, quarantineAfter: r.QuarantineAfterCleanFailures}
+	r.strategies = strategies{config: r.Config}
+	if r.Hosts != nil {
+		r.strategies.vms = r.Hosts
+	}
 	r.debts = &debts{client: r.Client, namespace: r.Namespace, provisioner: r.Provisioner, capacity: r.Capacity,
-		strategies: r.strategies, records: r.records, hosts: r.hosts, recorder: r.Recorder}
+		strategies: r.strategies, records: r.records, cleans: r.Hosts, recorder: r.Recorder}
 	r.keyring = &keyring{config: r.Config, newKey: r.NewKey, otp: r.OTP, secrets: r.secrets}
 	r.gate = gate{namespace: r.Namespace, config: r.Config, strategies: r.strategies}
 	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
@@ -77,7 +79,7 @@ func (r *Reconciler) init() {
 }
 
 // SetupWithManager registers the reconciler: user TaskRuns, secrets berth made (mapped to their
-// TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the BuildHost loop.
+// TaskRun), records (mapped to their TaskRun's name), and wake-ups; and the restore of the ledger.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
@@ -106,10 +108,33 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if err := mgr.Add(PositionRefresh{mirror: r.mirror}); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
-		Named("buildhost").
-		For(&berthv1.BuildHost{}).
-		Complete(&HostRecords{Reconciler: r})
+	return mgr.Add(restorer{line: r.line})
+}
+
+// restorer rebuilds the ledger from the records as soon as the config is read, whether or not
+// a TaskRun is there to be reconciled: the hosts' owner waits for it too (capacity.Restored).
+type restorer struct{ line *line }
+
+// NeedLeaderElection: the ledger a leader decides from is the one to rebuild.
+func (rs restorer) NeedLeaderElection() bool { return true }
+
+// Start tries the restore until it is done (it waits for the config) or ctx ends.
+func (rs restorer) Start(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("restore")
+	for {
+		done, err := rs.line.restoreOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.Error(err, "restoring the ledger from the records")
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // handOverPriority is the place in the work queue of what passes a slot on: a task that ended

@@ -25,7 +25,14 @@ type strategy interface {
 	releasing(ctx context.Context, host string) error
 }
 
-// VMs is the fleet of VMs of dynamic platforms (package vms), as the TaskRun side sees it.
+// Hosts is the owner of the BuildHost records (package hosts), as the TaskRun side sees it:
+// the VMs of dynamic platforms, and the judge of failed cleans.
+type Hosts interface {
+	VMs
+	HostCleans
+}
+
+// VMs is the fleet of VMs of dynamic platforms, as the TaskRun side sees it.
 type VMs interface {
 	Login(host string) (berthv1.HostLogin, bool)
 	// Kick asks for a planning pass: tasks wait.
@@ -35,6 +42,15 @@ type VMs interface {
 	Released(ctx context.Context, host string) error
 	// Gone tells whether a VM's record (and so the VM) is gone.
 	Gone(ctx context.Context, host string) (bool, error)
+}
+
+// HostCleans is told how each clean of a build user went, and judges whether a failure is the
+// host's fault (it may quarantine the host) or the user's (it costs only the user's slot).
+type HostCleans interface {
+	// Cleaned: build user d is gone from its host.
+	Cleaned(ctx context.Context, d berthv1.Debt)
+	// CleanFailed: removing rec's build user d failed, failures passes in a row; retried in retry.
+	CleanFailed(ctx context.Context, rec *berthv1.Allocation, d berthv1.Debt, err error, failures int, retry time.Duration)
 }
 
 // strategies says how each kind of platform is served.
@@ -89,7 +105,7 @@ func (s static) login(host string) (berthv1.HostLogin, bool) {
 	if h == nil {
 		return berthv1.HostLogin{}, false
 	}
-	return loginOf(h), true
+	return hostconfig.Login(h), true
 }
 
 // vmStrategy serves dynamic and dynamic-pool platforms from VMs berth launches: a busy

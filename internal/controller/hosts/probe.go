@@ -1,4 +1,4 @@
-package vms
+package hosts
 
 import (
 	"context"

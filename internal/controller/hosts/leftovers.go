@@ -1,4 +1,4 @@
-package taskrun
+package hosts
 
 import (
 	"context"
@@ -18,42 +18,37 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 )
 
-// failedClean is one debt whose clean failed in a pass.
-type failedClean struct {
-	debt berthv1.Debt
-	err  error
-}
-
 // maxWhat bounds what a host says a build user left, as kept on its BuildHost record: it is
 // also the note of an Event, which events.k8s.io/v1 limits to 1 kB.
 const maxWhat = 1024
 
-// judgeCleans weighs a pass's cleans of rec's debts: a failure the host is to blame for
-// quarantines it (see cleanVerdicts.failed), one a build user is to blame for is told on the
-// host's record and nowhere costs more than the user's own slot, and a paid debt clears what
-// was told of its user. failures is the record's count of failed passes in a row.
-func (h *staticHosts) judgeCleans(ctx context.Context, rec *berthv1.Allocation, paid []berthv1.Debt, failed []failedClean, failures int, retry time.Duration) {
-	for _, d := range paid {
-		if h.cleans.settled(d.Host, d.BuildUser) {
-			h.dropLeftover(ctx, d.Host, d.BuildUser)
-		}
+// cleaned is told that a build user of rec's is gone from its host: what was told of what
+// the user left there goes.
+func (h *staticHosts) cleaned(ctx context.Context, d berthv1.Debt) {
+	if h.cleans.settled(d.Host, d.BuildUser) {
+		h.dropLeftover(ctx, d.Host, d.BuildUser)
 	}
-	for _, f := range failed {
-		fault, left := judgeClean(f.err)
-		seen := cleanFailure{namespace: rec.Spec.TaskRun.Namespace, taskRun: rec.Spec.TaskRun.Key(), fault: fault, failures: failures}
-		if left != nil {
-			seen.what = bounded(left.What)
-		}
-		broken := h.cleans.failed(f.debt.Host, f.debt.BuildUser, seen, h.quarantineAfter)
-		switch {
-		case left != nil:
-			h.noteLeftover(ctx, rec, f.debt, seen, retry)
-		case broken && fault == faultHost:
-			h.quarantineForCleans(ctx, f.debt.Host, fmt.Sprintf("berth cannot log in to it: %v", f.err))
-		case broken:
-			h.quarantineForCleans(ctx, f.debt.Host, fmt.Sprintf("cleans of build users of different namespaces (%s) fail there, last: removing build user %s: %v",
-				strings.Join(h.cleans.unclearNamespaces(f.debt.Host), ", "), f.debt.BuildUser, f.err))
-		}
+}
+
+// cleanFailed weighs one failed clean of rec's debt d: a failure the host is to blame for
+// quarantines it (see cleanVerdicts.failed); one a build user is to blame for is told on the
+// host's record and nowhere costs more than the user's own slot. failures is the record's
+// count of failed passes in a row; retry is when its cleans are tried again.
+func (h *staticHosts) cleanFailed(ctx context.Context, rec *berthv1.Allocation, d berthv1.Debt, err error, failures int, retry time.Duration) {
+	fault, left := judgeClean(err)
+	seen := cleanFailure{namespace: rec.Spec.TaskRun.Namespace, taskRun: rec.Spec.TaskRun.Key(), fault: fault, failures: failures}
+	if left != nil {
+		seen.what = bounded(left.What)
+	}
+	broken := h.cleans.failed(d.Host, d.BuildUser, seen, h.quarantineAfter)
+	switch {
+	case left != nil:
+		h.noteLeftover(ctx, rec, d, seen, retry)
+	case broken && fault == faultHost:
+		h.quarantineForCleans(ctx, d.Host, fmt.Sprintf("berth cannot log in to it: %v", err))
+	case broken:
+		h.quarantineForCleans(ctx, d.Host, fmt.Sprintf("cleans of build users of different namespaces (%s) fail there, last: removing build user %s: %v",
+			strings.Join(h.cleans.unclearNamespaces(d.Host), ", "), d.BuildUser, err))
 	}
 }
 

@@ -1,4 +1,4 @@
-package taskrun
+package hosts
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
@@ -37,6 +38,10 @@ type staticHosts struct {
 	capacity  *capacity.Capacity
 	recorder  events.EventRecorder
 	now       func() time.Time
+	// checker logs in to a host to check it.
+	checker Checker
+	// debts are the build users the task records owe the hosts.
+	debts Debts
 	// cleans judges failed cleans: a host's fault or one build user's (see cleanVerdicts).
 	cleans *cleanVerdicts
 	// quarantineAfter quarantines a host once cleans that show it broken failed that many
@@ -44,30 +49,29 @@ type staticHosts struct {
 	quarantineAfter int
 }
 
-// HostChecks checks every static host each Interval through the provisioner and keeps its
-// BuildHost record: a failed check quarantines the host; a passing one lifts the quarantine once
-// the build users still owed to the host are gone, and retries those cleanups at once. It runs
-// on the leader only.
-type HostChecks struct {
-	Reconciler *Reconciler
-	Interval   time.Duration
-	// Timeout bounds one host's check.
-	Timeout time.Duration
+// hostChecks checks every static host each interval and keeps its BuildHost record: a failed
+// check quarantines the host; a passing one lifts the quarantine once the build users still
+// owed to the host are gone, and retries those cleanups at once. It runs on the leader only.
+type hostChecks struct {
+	hosts    *staticHosts
+	interval time.Duration
+	// timeout bounds one host's check.
+	timeout time.Duration
 }
 
 // NeedLeaderElection: two replicas must not check every host twice.
-func (h *HostChecks) NeedLeaderElection() bool { return true }
+func (hc *hostChecks) NeedLeaderElection() bool { return true }
 
-// Start checks at once, then every Interval, until ctx ends.
-func (h *HostChecks) Start(ctx context.Context) error {
-	if h.Interval <= 0 {
+// Start checks at once, then every interval, until ctx ends.
+func (hc *hostChecks) Start(ctx context.Context) error {
+	if hc.interval <= 0 {
 		return nil
 	}
 	log := logr.FromContextOrDiscard(ctx).WithName("host-checks")
-	ticker := time.NewTicker(h.Interval)
+	ticker := time.NewTicker(hc.interval)
 	defer ticker.Stop()
 	for {
-		if err := h.checkAll(ctx); err != nil && ctx.Err() == nil {
+		if err := hc.hosts.checkAll(ctx, hc.timeout); err != nil && ctx.Err() == nil {
 			log.Error(err, "checking hosts")
 		}
 		select {
@@ -78,13 +82,13 @@ func (h *HostChecks) Start(ctx context.Context) error {
 	}
 }
 
-func (h *HostChecks) checkAll(ctx context.Context) error {
-	r := h.Reconciler
-	cfg := r.Config.Config()
+// checkAll checks every static host of the config in force, each within timeout (a minute
+// when 0), and records the outcomes.
+func (h *staticHosts) checkAll(ctx context.Context, timeout time.Duration) error {
+	cfg := h.config.Config()
 	if cfg == nil {
 		return nil
 	}
-	timeout := h.Timeout
 	if timeout <= 0 {
 		timeout = time.Minute
 	}
@@ -100,22 +104,38 @@ func (h *HostChecks) checkAll(ctx context.Context) error {
 			slots <- struct{}{}
 			defer func() { <-slots }()
 			cctx, cancel := context.WithTimeout(ctx, timeout)
-			healths[i] = r.Provisioner.Check(cctx, loginOf(host))
+			healths[i] = h.checker.Check(cctx, hostconfig.Login(host))
 			cancel()
 		}()
 	}
 	wg.Wait()
-	owed, err := r.debts.byHost(ctx)
+	owed, err := h.owedByHost(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for i, host := range cfg.Hosts {
-		if err := r.hosts.recordHealth(ctx, host, healths[i].Healthy, healths[i].Reason, owed[host.Name]); err != nil {
+		if err := h.recordHealth(ctx, host, healths[i].Healthy, healths[i].Reason, owed[host.Name]); err != nil {
 			errs = append(errs, fmt.Errorf("host %s: %w", host.Name, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// owedByHost lists, per host, the build users the task records owe it (read, never written:
+// the task controller keeps those records).
+func (h *staticHosts) owedByHost(ctx context.Context) (map[string][]owedClean, error) {
+	var list berthv1.AllocationList
+	if err := h.client.List(ctx, &list, client.InNamespace(h.namespace)); err != nil {
+		return nil, err
+	}
+	owed := map[string][]owedClean{}
+	for _, rec := range list.Items {
+		for _, d := range rec.Status.Debts {
+			owed[d.Host] = append(owed[d.Host], owedClean{task: allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: rec.Spec.TaskRun.Name}, user: d.BuildUser})
+		}
+	}
+	return owed, nil
 }
 
 // recordHealth writes a check's outcome into the host's record and the ledger.
@@ -126,7 +146,8 @@ func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost,
 	}
 	next := bh.DeepCopy()
 	next.Status.Platform, next.Status.Address = string(host.Platform), host.Address
-	next.Status.LastCheck = stamp(h.now())
+	checked := metav1.NewTime(h.now())
+	next.Status.LastCheck = &checked
 	next.Status.PendingCleans = len(owed)
 	// A user told as dirty and no longer owed was removed (or forgotten) since, perhaps by a
 	// controller that did not know it was told.
@@ -148,7 +169,7 @@ func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost,
 		next.Quarantine(berthv1.QuarantineCleansPending,
 			fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking)), h.now())
 		for _, o := range owed {
-			wakeKey(h.capacity, o.key)
+			h.capacity.Wake(o.task)
 		}
 	default:
 		next.Status.Quarantined, next.Status.QuarantineReason = false, ""
@@ -204,9 +225,11 @@ func (h *staticHosts) quarantineForCleans(ctx context.Context, hostName, why str
 	h.capacity.Follow(&bh)
 }
 
-// owedClean is a build user a record owes a host: the TaskRun key (namespace/name) of the
-// record, and the user.
-type owedClean struct{ key, user string }
+// owedClean is a build user a record owes a host: the task of the record, and the user.
+type owedClean struct {
+	task allocation.Task
+	user string
+}
 
 // record reads the host's record, creating it on first sight. A create writes no status:
 // the new record comes back with its platform and address filled in for the caller's status
@@ -243,24 +266,21 @@ func (h *staticHosts) writeStatus(ctx context.Context, bh *berthv1.BuildHost) er
 	return h.client.Status().Update(ctx, bh)
 }
 
-// HostRecords applies what operators do to BuildHost records (drain, undrain, forget).
-type HostRecords struct{ Reconciler *Reconciler }
-
-// Reconcile syncs one BuildHost into the ledger, and carries out a forget.
-func (h *HostRecords) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	r := h.Reconciler
-	if done, err := r.line.restoreOnce(ctx); !done || err != nil {
-		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, err
+// reconcile applies what operators do to a host's record (drain, undrain, forget), once the
+// config is read and the capacity knows who holds what, and has the capacity follow it.
+func (h *staticHosts) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if !h.config.Synced() || !h.capacity.Restored() {
+		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
 	}
 	var bh berthv1.BuildHost
-	if err := r.Client.Get(ctx, req.NamespacedName, &bh); err != nil {
+	if err := h.client.Get(ctx, req.NamespacedName, &bh); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if bh.Spec.Forget {
-		return reconcile.Result{}, r.forgetHost(ctx, &bh)
+		return reconcile.Result{}, h.forget(ctx, &bh)
 	}
-	r.Capacity.Follow(&bh)
-	return r.hosts.refreshConditions(ctx, &bh)
+	h.capacity.Follow(&bh)
+	return h.refreshConditions(ctx, &bh)
 }
 
 // refreshConditions writes a static host's conditions again once an operator changed its spec
@@ -286,31 +306,37 @@ func (h *staticHosts) refreshConditions(ctx context.Context, bh *berthv1.BuildHo
 	return reconcile.Result{}, nil
 }
 
-// forgetHost drops every build user owed to the host, frees their slots, and leaves the host
+// forget drops every build user owed to the host, frees their slots, and leaves the host
 // drained: for a host that is gone for good. The status is written first: spec.forget still
 // holds until the second write, so a crash between the two forgets again after the restart.
-func (r *Reconciler) forgetHost(ctx context.Context, bh *berthv1.BuildHost) error {
+func (h *staticHosts) forget(ctx context.Context, bh *berthv1.BuildHost) error {
 	// Out of service first: dropping the debts frees their slots and wakes the waiters, and
 	// none may be handed this host while the forget is still writing its record.
-	r.Capacity.Quarantine(bh.Host(), true)
-	if err := r.ForgetHost(ctx, bh.Host()); err != nil {
+	h.capacity.Quarantine(bh.Host(), true)
+	if err := h.debts.ForgetHost(ctx, bh.Host()); err != nil {
 		return err
 	}
 	next := bh.DeepCopy()
 	next.Status.PendingCleans, next.Status.Leftovers = 0, nil
-	if err := r.hosts.writeStatus(ctx, next); err != nil {
+	if err := h.writeStatus(ctx, next); err != nil {
 		return err
 	}
 	next.Spec.Forget, next.Spec.Drained = false, true
-	if err := r.Client.Update(ctx, next); err != nil {
+	if err := h.client.Update(ctx, next); err != nil {
 		return err
 	}
-	r.Capacity.Follow(next)
+	h.capacity.Follow(next)
 	return nil
 }
 
-// ForgetHost drops every build user owed to the host and frees the slots they held: for a host
-// gone for good (forgotten by an operator, or a VM berth terminated).
-func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
-	return r.debts.forgetHost(ctx, host)
+// forgetting is the task side's debts, made to forget first what is known of a gone host's
+// cleans, so that a host of the same name that comes back starts with a clean slate.
+type forgetting struct {
+	cleans *cleanVerdicts
+	debts  Debts
+}
+
+func (f forgetting) ForgetHost(ctx context.Context, host string) error {
+	f.cleans.forgetHost(host)
+	return f.debts.ForgetHost(ctx, host)
 }

@@ -1,4 +1,4 @@
-package vms
+package hosts
 
 import (
 	"fmt"
@@ -33,7 +33,7 @@ type troubles struct {
 	byPlatform map[string]trouble // platform → last launch failure
 }
 
-// unservable is Fleet.Unservable.
+// unservable is Owner.Unservable.
 func (ts *troubles) unservable(platform string, waited time.Duration) (reason, message string, recheck time.Duration) {
 	ts.mu.Lock()
 	t, ok := ts.byPlatform[platform]

@@ -1,4 +1,4 @@
-package vms
+package hosts
 
 import (
 	"errors"
@@ -56,7 +56,7 @@ func TestUnservableTellsTheKindNotTheCloudsWords(t *testing.T) {
 	refShape := regexp.MustCompile(`ref-[0-9a-f]{10}`)
 	for _, tc := range refusals {
 		t.Run(tc.name, func(t *testing.T) {
-			f := &Fleet{Namespace: "berth-system", Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
+			f := &Owner{Namespace: "berth-system", Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
 			f.init()
 			ref := f.trouble.note("linux/arm64", tc.err)
 			if again := f.trouble.note("linux/arm64", tc.err); again != ref {

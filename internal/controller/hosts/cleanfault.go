@@ -1,4 +1,4 @@
-package taskrun
+package hosts
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package vms
+package hosts
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

@@ -1,4 +1,4 @@
-package vms
+package hosts
 
 import (
 	"context"
@@ -61,7 +61,7 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 			if tc.holder {
 				ledger.Restore(task, rec.Name, "linux/s390x") // the tasks' records are read first
 			}
-			f := &Fleet{Config: hostconfig.NewStore(), Capacity: ledger, Debts: noDebts{}}
+			f := &Owner{Config: hostconfig.NewStore(), Capacity: ledger, Debts: noDebts{}}
 			f.init()
 			f.readyVMs.open(rec) // the fleet's restore, or the VM loop's next pass over the ready record
 			platform := fleet.Platform{MaxInstances: 2, SlotsPerVM: rec.Spec.Instance.Slots, Pooled: tc.pooled}
@@ -84,7 +84,7 @@ func TestARetiredVMIsTerminatedAfterARestart(t *testing.T) {
 // giving up the launches under way as refused for good. (The fleet has no client here: any
 // decision would fail the test by touching it.)
 func TestNothingIsDecidedBeforeTheConfigIsRead(t *testing.T) {
-	f := &Fleet{Config: hostconfig.NewStore(), Capacity: restoredCapacity(), Debts: noDebts{}}
+	f := &Owner{Config: hostconfig.NewStore(), Capacity: restoredCapacity(), Debts: noDebts{}}
 	f.init()
 	res, err := f.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "berth-system", Name: "vm-linux-s390x-abcde"}})
 	if err != nil || res.RequeueAfter <= 0 {
@@ -121,7 +121,7 @@ func TestOutdatedVMStaysClosed(t *testing.T) {
 		Status: berthv1.BuildHostStatus{Platform: "linux/s390x", Address: "198.18.1.2",
 			Instance: &berthv1.InstanceStatus{Phase: berthv1.InstanceReady, ID: "vm-1"}},
 	}
-	f := &Fleet{Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
+	f := &Owner{Config: store, Capacity: restoredCapacity(), Debts: noDebts{}}
 	f.init()
 	f.readyVMs.open(rec)
 	if occ := f.Capacity.HostOccupancy(rec.Name); !occ.Known || occ.Retired {
