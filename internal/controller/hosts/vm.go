@@ -135,6 +135,7 @@ func (v *vmLoop) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause
 		return reconcile.Result{}, v.deleteRecord(ctx, rec)
 	}
 	next := rec.DeepCopy()
+	next.Status.Instance.Phase = berthv1.InstanceLaunching // shown while the launch is retried
 	next.Status.Instance.Failures++
 	next.Status.Instance.Message = cause.Error()
 	if err := v.writeStatus(ctx, next); err != nil {
@@ -158,18 +159,28 @@ func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 		return v.startTerminating(ctx, rec, in.Retire)
 	}
 	interval, limit, hostKey := v.timing(in.Platform)
+	// A record launched before it kept the launch time (or edited by hand) counts from its
+	// creation.
+	launched := rec.CreationTimestamp.Time
+	if st.LaunchedAt != nil {
+		launched = st.LaunchedAt.Time
+	}
+	overdue := v.now().Sub(launched) > limit
 	p, err := v.providers.of(rec)
 	if err != nil {
-		return reconcile.Result{RequeueAfter: interval}, err
+		return reconcile.Result{}, err
 	}
 	inst, err := p.Get(ctx, st.ID)
 	switch {
 	case cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone):
 		return v.relaunch(ctx, rec, fmt.Sprintf("instance %s was lost while it booted", st.ID))
+	case err != nil && overdue:
+		// A cloud that keeps failing to answer must not keep the VM, and its place under
+		// max-instances, booting for good.
+		return v.startTerminating(ctx, rec, fmt.Sprintf("the cloud did not tell its state within the allocation timeout (%s): %v", limit, err))
 	case err != nil:
 		return reconcile.Result{RequeueAfter: backoff(1, cloud.RetryAfterOf(err))}, nil
 	}
-	overdue := v.now().Sub(st.LaunchedAt.Time) > limit
 	if inst.State != cloud.StateRunning || inst.Address == "" {
 		if overdue {
 			return v.startTerminating(ctx, rec, fmt.Sprintf("it did not start within the allocation timeout (%s)", limit))
@@ -198,7 +209,7 @@ func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	bootSeconds.WithLabelValues(in.Platform).Observe(next.Status.Instance.ReadyAt.Sub(st.LaunchedAt.Time).Seconds())
+	bootSeconds.WithLabelValues(in.Platform).Observe(next.Status.Instance.ReadyAt.Sub(launched).Seconds())
 	v.event(next, corev1.EventTypeNormal, "Ready", "instance %s at %s is ready for platform %s", st.ID, inst.Address, in.Platform)
 	return v.ready(ctx, next)
 }
