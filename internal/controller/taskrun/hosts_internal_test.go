@@ -411,6 +411,46 @@ func TestADrainedHostTakesNoNewTaskUntilUndrained(t *testing.T) {
 	}
 }
 
+// A drain is kept in the host's record: a controller that restarts while a task runs on a
+// drained host hands no new task to it, from its first decision on (before the record's own
+// event reaches the hosts' owner), keeps the running task's slot, and cleans that task's user
+// when it ends. Undraining after the restart serves the waiter.
+func TestARestartedControllerKeepsADrainedHostOut(t *testing.T) {
+	h := newHostsHarness(t, hostsConfig(2, "h1", "h2"), nil)
+	h.checkHosts()
+	running := h.create(userTaskRun("running", s390x))
+	h.settle()
+	user, address := h.handedOver(running)
+	if address != addressOf(0) {
+		t.Fatalf("the first task went to %s, want h1 (%s)", address, addressOf(0))
+	}
+	h.operate("h1", func(s *berthv1.BuildHostSpec) { s.Drained = true })
+	h.operate("h2", func(s *berthv1.BuildHostSpec) { s.Drained = true })
+
+	h.start() // no host event has reached the new process's hosts' owner yet
+	next := h.create(userTaskRun("next", s390x))
+	h.settle()
+	h.waiting("next")
+	if jobs := h.hostJobs(); len(jobs) > 0 {
+		t.Errorf("the restarted controller worked on drained hosts: %v", jobs)
+	}
+	if h.record(running) == nil {
+		t.Fatal("the running task lost its record in the restart")
+	}
+
+	h.finish("running")
+	h.settle()
+	if h.record(running) != nil || !slices.Contains(h.hostJobs(), "clean "+user+"@h1") {
+		t.Errorf("the task that ended on the drained host was not cleaned: record %v, host jobs %v", h.record(running), h.hostJobs())
+	}
+	h.waiting("next")
+
+	h.operate("h2", func(s *berthv1.BuildHostSpec) { s.Drained = false })
+	if _, address := h.handedOver(next); address != addressOf(1) {
+		t.Errorf("the waiter went to %s, want h2 (%s), undrained", address, addressOf(1))
+	}
+}
+
 // Forgetting a host that is gone for good drops the build users owed to it: their records
 // stop retrying the clean and go, the operator learns which user to remove by hand (an Event
 // on the record), their slots are free, and the host is left drained with nothing pending. The
