@@ -74,30 +74,6 @@ func TestLocalPlatform(t *testing.T) {
 	settled(t, ns)
 }
 
-func TestErrorSecrets(t *testing.T) {
-	applyConfig(t, 2, map[string]string{"allowed-namespaces": "errorsecrets,team-.*"})
-	defer applyConfig(t, 2, nil)
-	ns := namespace(t)
-	for _, tc := range []struct {
-		name, ns, platform string
-		want               []string
-	}{
-		{"unknown", ns, "linux/riscv64", []string{`platform "linux/riscv64" is not configured`, "linux/s390x"}},
-		{"forbidden", "outsider", platform, []string{"namespace outsider may not use multi-platform builds", "allowed-namespaces"}},
-	} {
-		if err := stack.ControlPlane.EnsureNamespace(context.Background(), tc.ns); err != nil {
-			t.Fatal(err)
-		}
-		tr := create(t, userTaskRun(tc.ns, tc.name, tc.platform, ""))
-		msg := string(secretOf(t, tr).Data["error"])
-		for _, w := range tc.want {
-			if !strings.Contains(msg, w) {
-				t.Errorf("%s: error %q lacks %q", tc.name, msg, w)
-			}
-		}
-	}
-}
-
 // TestEndToEndThroughInternalTaskRuns: with --provisioner=taskrun the build user is made by a
 // provision TaskRun in berth's namespace (run by the stand-in with berth's own step, as the
 // host-tasks ServiceAccount), which never sees the private key; the controller writes the

@@ -4,12 +4,10 @@ package taskrun_test
 
 import (
 	"context"
-	"fmt"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
@@ -94,47 +92,6 @@ func TestAllHostsCutOffEndInAnErrorSecret(t *testing.T) {
 	}
 	finish(t, tr)
 	restore(t, stack.Fleet.Hosts...)
-	settled(t, ns)
-}
-
-func TestWaitTimeoutEndsInAnErrorSecret(t *testing.T) {
-	o := controllerOptions()
-	o.WaitTimeout = 3 * time.Second
-	restartController(t, o)
-	defer restartController(t, controllerOptions())
-	applyConfig(t, 1, nil)
-	ns := namespace(t)
-	var trs []*pipelinev1.TaskRun
-	for i := range len(stack.Fleet.Hosts) + 1 {
-		trs = append(trs, create(t, userTaskRun(ns, fmt.Sprintf("busy-%d", i), platform, "")))
-	}
-	// Whatever happens below, the hosts are freed for the tests after this one.
-	defer func() {
-		for _, tr := range trs {
-			_ = stack.StandIn.Finish(context.Background(), keyOf(tr), nil)
-		}
-	}()
-	// Which task waits depends on which the controller saw first: the one whose secret
-	// carries an error.
-	var waiter *pipelinev1.TaskRun
-	var msg string
-	for _, tr := range trs {
-		if e := string(secretOf(t, tr).Data["error"]); e != "" {
-			if waiter != nil {
-				t.Fatalf("%s and %s both got errors: %q", waiter.Name, tr.Name, e)
-			}
-			waiter, msg = tr, e
-		}
-	}
-	if waiter == nil || !strings.Contains(msg, "no host of platform linux/s390x became free within 3s") {
-		t.Fatalf("want one wait-timeout error, got %q", msg)
-	}
-	if age := time.Since(get(t, waiter).CreationTimestamp.Time); age < 3*time.Second {
-		t.Fatalf("the timeout fired after %s, before 3s", age)
-	}
-	for _, tr := range trs {
-		finish(t, tr)
-	}
 	settled(t, ns)
 }
 

@@ -1177,6 +1177,7 @@ func TestARestartKeepsAHandedOverUser(t *testing.T) {
 	h.create(userTaskRun("waiter", s390x))
 	h.settle()
 	h.waiting("waiter")
+	rec := h.record(holder)
 
 	h.start()
 	h.enqueue("waiter", "holder")
@@ -1184,6 +1185,9 @@ func TestARestartKeepsAHandedOverUser(t *testing.T) {
 	h.waiting("waiter")
 	if s := h.secret("holder"); s.ResourceVersion != handed.ResourceVersion {
 		t.Error("the handed-over secret was written again after the restart")
+	}
+	if after := h.record(holder); after == nil || after.ResourceVersion != rec.ResourceVersion || after.Status.Attempt != 1 {
+		t.Errorf("the record was written after the restart: %+v, was resourceVersion %s", after, rec.ResourceVersion)
 	}
 	if jobs := h.hostJobs(); len(jobs) > 0 {
 		t.Errorf("the restarted controller worked on hosts: %v", jobs)

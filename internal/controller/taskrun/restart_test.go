@@ -172,18 +172,6 @@ func TestRestartKeepsTheLineInOrder(t *testing.T) {
 	noBuildUsersLeft(t)
 }
 
-func TestRestartBetweenUserCreatedAndSecretWritten(t *testing.T) {
-	ns, tr := readyTask(t, "half-made")
-	first := recordOf(t, tr)
-	whileStopped(t, func() {
-		// What a kill between creating the user and handing over its secret leaves: the user
-		// exists on the host, the record names it, no secret carries it, and the key lived
-		// only in the dead process.
-		deleteSecret(t, tr)
-	})
-	secondUserReplacesFirst(t, ns, tr, first)
-}
-
 // TestRestartWithAnUnsealedSecret: a secret berth did not seal for the record's build user
 // (one a tenant wrote while berth was down, under berth's label and owner) does not pass for a
 // hand-over after a restart: the user is made again, and the forged secret replaced.
@@ -199,32 +187,6 @@ func TestRestartWithAnUnsealedSecret(t *testing.T) {
 		}
 	})
 	secondUserReplacesFirst(t, ns, tr, first)
-}
-
-// TestRestartAfterTheHandOverKeepsTheUser: after a restart, the sealed secret is the record
-// that the build user was handed over: nothing is made again and nothing is written.
-func TestRestartAfterTheHandOverKeepsTheUser(t *testing.T) {
-	ns, tr := readyTask(t, "kept")
-	first := recordOf(t, tr)
-	before := secretOf(t, tr)
-	restartController(t, controllerOptions())
-	// A later task served by the new controller shows it has been through the old one.
-	later := create(t, userTaskRun(ns, "after-restart", platform, ""))
-	ready(t, later)
-	rec := recordOf(t, tr)
-	if rec.ResourceVersion != first.ResourceVersion || rec.Status.Attempt != 1 {
-		t.Fatalf("the record was written after the restart: attempt %d, resourceVersion %s → %s", rec.Status.Attempt, first.ResourceVersion, rec.ResourceVersion)
-	}
-	if after := secretOf(t, tr); after.UID != before.UID || after.ResourceVersion != before.ResourceVersion {
-		t.Fatal("the secret handed over before the restart was written again")
-	}
-	if !userExists(t, hostOf(t, first.Status.Login), first.Status.BuildUser) {
-		t.Fatal("the build user handed over before the restart is gone")
-	}
-	finish(t, tr)
-	finish(t, later)
-	settled(t, ns)
-	noBuildUsersLeft(t)
 }
 
 // secondUserReplacesFirst waits for the task to be served again under a second build user,
@@ -325,12 +287,4 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	finish(t, forged)
 	settled(t, ns)
 	noBuildUsersLeft(t)
-}
-
-func deleteSecret(t *testing.T, tr *pipelinev1.TaskRun) {
-	t.Helper()
-	s := secretOf(t, tr)
-	if err := c().Delete(context.Background(), s); err != nil {
-		t.Fatal(err)
-	}
 }
