@@ -258,7 +258,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		reconciler.Provisioner = provision.NewSSH(provision.Hostops{MinFreeBytes: o.MinFreeBytes},
 			adminKeyReader(mgr.GetAPIReader(), o.Namespace),
 			hostKeysOf(hostkeys.Store{Client: uncached, Namespace: o.Namespace}),
-			o.SSHWorkers, reconciler.Notify)
+			o.SSHWorkers, slots.Notify)
 	case "taskrun":
 		reconciler.Provisioner = &provision.TaskRuns{Client: mgr.GetClient(), Namespace: o.Namespace,
 			ProvisionTask: o.ProvisionTask, CleanTask: o.CleanTask, UpdateTask: o.UpdateTask, ServiceAccount: o.TaskServiceAccount}

@@ -64,6 +64,13 @@ func (c *Capacity) Wake(tasks ...allocation.Task) {
 	}
 }
 
+// Notify wakes the task of key, "namespace/name": the provisioner's way back when a host job
+// of the task ended (a provision.Notifier).
+func (c *Capacity) Notify(key string) {
+	ns, name, _ := strings.Cut(key, "/")
+	c.Wake(allocation.Task{Namespace: ns, Name: name})
+}
+
 // WakeWaiters wakes every task waiting for the platform (capacity of it came or went).
 func (c *Capacity) WakeWaiters(platform string) { c.Wake(c.ledger.Waiters(platform)...) }
 

@@ -99,3 +99,17 @@ func TestWakeNeverBlocksNorDrops(t *testing.T) {
 		}
 	}
 }
+
+// A host job's end, told by the provisioner as "namespace/name", wakes that task.
+func TestAHostJobsEndWakesItsTask(t *testing.T) {
+	c := New()
+	c.Notify("team/build-1")
+	select {
+	case ev := <-c.wakeups:
+		if ev.Object != (allocation.Task{Namespace: "team", Name: "build-1"}) {
+			t.Errorf("woken %+v; want team/build-1", ev.Object)
+		}
+	default:
+		t.Error("nothing woken")
+	}
+}

@@ -111,7 +111,7 @@ func newReconciler(t *testing.T, ctx context.Context, apiserver client.WithWatch
 		Client: cached, APIReader: apiserver, Namespace: berthNS, Config: store,
 		Capacity: capacity.New(), Recorder: recorder, Provisioner: prov, NewKey: hostops.NewKey,
 	}
-	prov.Notify = r.Notify // as provision.NewSSH(..., reconciler.Notify)
+	prov.Notify = r.Capacity.Notify // as provision.NewSSH(..., slots.Notify)
 	// The hosts' owner, as the manager wires it: it judges failed cleans and keeps the hosts'
 	// records; its VM side has no cloud here.
 	r.Hosts = &hosts.Owner{Client: cached, APIReader: apiserver, Namespace: berthNS, Config: store,

@@ -189,15 +189,6 @@ func send(ch chan event.GenericEvent, namespace, name string) {
 	}
 }
 
-// Notify is the provisioner's way back: a host job of the TaskRun namespace/name ended.
-func (r *Reconciler) Notify(key string) { wakeKey(r.Capacity, key) }
-
-// wakeKey wakes the TaskRun of key, namespace/name.
-func wakeKey(c *capacity.Capacity, key string) {
-	ns, name, _ := strings.Cut(key, "/")
-	c.Wake(allocation.Task{Namespace: ns, Name: name})
-}
-
 // tell tells the TaskRun's owner what berth did or why it waits (an Event on the TaskRun)
 // and the operator the same in the log, with the TaskRun, its platform and the host ("" when
 // there is none yet). A Warning event is a warning line (see package warning).
