@@ -22,12 +22,13 @@ import (
 // also the note of an Event, which events.k8s.io/v1 limits to 1 kB.
 const maxWhat = 1024
 
-// cleaned is told that a build user of rec's is gone from its host: what was told of what
-// the user left there goes.
+// cleaned is told that a build user is gone from its host: what was told of what the user
+// left there goes, and a host kept out until its users were removed may take builds again.
 func (h *staticHosts) cleaned(ctx context.Context, d berthv1.Debt) {
 	if h.cleans.settled(d.Host, d.BuildUser) {
 		h.dropLeftover(ctx, d.Host, d.BuildUser)
 	}
+	h.cleansDone(ctx, d.Host)
 }
 
 // cleanFailed weighs one failed clean of rec's debt d: a failure the host is to blame for

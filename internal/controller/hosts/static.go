@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -109,24 +110,24 @@ func (h *staticHosts) checkAll(ctx context.Context, timeout time.Duration) error
 		}()
 	}
 	wg.Wait()
-	owed, err := h.owedByHost(ctx)
+	owed, err := h.owedByHost(ctx, h.client)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for i, host := range cfg.Hosts {
-		if err := h.recordHealth(ctx, host, healths[i].Healthy, healths[i].Reason, owed[host.Name]); err != nil {
+		if err := h.recordHealth(ctx, host, &healths[i], owed[host.Name]); err != nil {
 			errs = append(errs, fmt.Errorf("host %s: %w", host.Name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// owedByHost lists, per host, the build users the task records owe it (read, never written:
-// the task controller keeps those records).
-func (h *staticHosts) owedByHost(ctx context.Context) (map[string][]owedClean, error) {
+// owedByHost lists, per host, the build users the task records owe it, read through reader
+// (read, never written: the task controller keeps those records).
+func (h *staticHosts) owedByHost(ctx context.Context, reader client.Reader) (map[string][]owedClean, error) {
 	var list berthv1.AllocationList
-	if err := h.client.List(ctx, &list, client.InNamespace(h.namespace)); err != nil {
+	if err := reader.List(ctx, &list, client.InNamespace(h.namespace)); err != nil {
 		return nil, err
 	}
 	owed := map[string][]owedClean{}
@@ -138,16 +139,21 @@ func (h *staticHosts) owedByHost(ctx context.Context) (map[string][]owedClean, e
 	return owed, nil
 }
 
-// recordHealth writes a check's outcome into the host's record and the ledger.
-func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost, healthy bool, reason string, owed []owedClean) error {
+// recordHealth writes a check's outcome into the host's record and the ledger; with no check
+// (health nil), what the owed cleans alone change of the last check's outcome, which passed.
+func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost, health *provision.Health, owed []owedClean) error {
 	bh, err := h.record(ctx, host)
 	if err != nil {
 		return err
 	}
+	healthy, reason := true, ""
 	next := bh.DeepCopy()
 	next.Status.Platform, next.Status.Address = string(host.Platform), host.Address
-	checked := metav1.NewTime(h.now())
-	next.Status.LastCheck = &checked
+	if health != nil {
+		healthy, reason = health.Healthy, health.Reason
+		checked := metav1.NewTime(h.now())
+		next.Status.LastCheck = &checked
+	}
 	next.Status.PendingCleans = len(owed)
 	// A user told as dirty and no longer owed was removed (or forgotten) since, perhaps by a
 	// controller that did not know it was told.
@@ -200,29 +206,62 @@ func (h *staticHosts) event(ctx context.Context, bh *berthv1.BuildHost, eventTyp
 }
 
 // quarantineForCleans takes a host out of service whose cleanups keep failing in a way that
-// shows it broken (see cleanVerdicts.failed).
+// shows it broken (see cleanVerdicts.failed). A failed read or write is logged: the next failed
+// clean tries again.
 func (h *staticHosts) quarantineForCleans(ctx context.Context, hostName, why string) {
+	log := logf.FromContext(ctx).WithValues("host", hostName)
 	var bh berthv1.BuildHost
-	if err := h.client.Get(ctx, client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(hostName)}, &bh); err != nil {
+	err := h.client.Get(ctx, client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(hostName)}, &bh)
+	if apierrors.IsNotFound(err) {
 		host := h.config.Host(hostName)
 		if host == nil {
-			return
+			return // neither a record nor a static host: a VM already gone
 		}
-		created, err := h.record(ctx, host)
-		if err != nil {
-			return
+		created, cerr := h.record(ctx, host)
+		if cerr == nil {
+			bh = *created
 		}
-		bh = *created
+		err = cerr
+	}
+	if err != nil {
+		log.Error(err, "reading the record of a host to quarantine for failing cleans")
+		return
 	}
 	if bh.Status.Quarantined {
 		return
 	}
 	bh.Quarantine(berthv1.QuarantineCleansFailing, "cleanups keep failing: "+why, h.now())
 	if err := h.writeStatus(ctx, &bh); err != nil {
+		log.Error(err, "quarantining a host for failing cleans")
 		return
 	}
 	h.event(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
 	h.capacity.Follow(&bh)
+}
+
+// cleansDone puts back in service, as soon as no build user is owed to it any more, a static
+// host kept out only until they were removed (CleansPending), rather than at its next check.
+// The records are read past the cache: the one just settled may not be in it yet.
+func (h *staticHosts) cleansDone(ctx context.Context, hostName string) {
+	host := h.config.Host(hostName)
+	if host == nil {
+		return
+	}
+	var bh berthv1.BuildHost
+	if err := h.client.Get(ctx, client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(hostName)}, &bh); err != nil {
+		return // no record: not quarantined
+	}
+	q := meta.FindStatusCondition(bh.Status.Conditions, berthv1.HostQuarantined)
+	if !bh.Status.Quarantined || q == nil || q.Reason != berthv1.QuarantineCleansPending {
+		return
+	}
+	owed, err := h.owedByHost(ctx, h.apiReader)
+	if err == nil {
+		err = h.recordHealth(ctx, host, nil, owed[hostName])
+	}
+	if err != nil {
+		logf.FromContext(ctx).Error(err, "putting a host back in service once its build users are removed", "host", hostName)
+	}
 }
 
 // owedClean is a build user a record owes a host: the task of the record, and the user.
