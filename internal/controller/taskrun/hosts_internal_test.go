@@ -42,11 +42,15 @@ import (
 // otherNS is a second tenant's namespace.
 const otherNS = "other"
 
+// hostsHarness is the harness with what the hosts' tests do and look at: checks, operators'
+// edits of BuildHost records, what the records show.
+type hostsHarness struct{ *harness }
+
 // newHostsHarness is newHarness on an apiserver that keeps the generation of BuildHosts (see
 // withGenerations), so that the conditions' ObservedGeneration means what it does on a cluster.
-func newHostsHarness(t *testing.T, cfg map[string]string, tune func(*Reconciler)) *harness {
+func newHostsHarness(t *testing.T, cfg map[string]string, tune func(*Reconciler)) *hostsHarness {
 	t.Helper()
-	h := &harness{t: t, api: withGenerations(newAPIServer()), events: &eventLog{}, cfg: cfg, tune: tune}
+	h := &hostsHarness{&harness{t: t, api: withGenerations(newAPIServer()), events: &eventLog{}, cfg: cfg, tune: tune}}
 	h.start()
 	return h
 }
@@ -78,7 +82,7 @@ func withGenerations(api client.WithWatch) client.WithWatch {
 }
 
 // hostsOwner is the owner of the BuildHost records, as newReconciler wired it.
-func (h *harness) hostsOwner() *hosts.Owner {
+func (h *hostsHarness) hostsOwner() *hosts.Owner {
 	h.t.Helper()
 	// By the time a host's event or check comes, the controller has rebuilt its ledger (its
 	// restorer runs at start).
@@ -90,7 +94,7 @@ func (h *harness) hostsOwner() *hosts.Owner {
 
 // checkHosts runs one round of health checks, as the owner does each interval, and settles
 // what it woke.
-func (h *harness) checkHosts() {
+func (h *hostsHarness) checkHosts() {
 	h.t.Helper()
 	if err := h.hostsOwner().CheckNow(h.ctx); err != nil {
 		h.t.Fatalf("check round: %v", err)
@@ -99,7 +103,7 @@ func (h *harness) checkHosts() {
 }
 
 // sick makes the named hosts fail their checks with reason; every other host passes.
-func (h *harness) sick(reasons map[string]string) {
+func (h *hostsHarness) sick(reasons map[string]string) {
 	h.prov.Health = func(login berthv1.HostLogin) provision.Health {
 		if reason, ok := reasons[login.Host]; ok {
 			return provision.Health{Reason: reason}
@@ -109,7 +113,7 @@ func (h *harness) sick(reasons map[string]string) {
 }
 
 // buildHost is the host's BuildHost record, nil when there is none.
-func (h *harness) buildHost(host string) *berthv1.BuildHost {
+func (h *hostsHarness) buildHost(host string) *berthv1.BuildHost {
 	h.t.Helper()
 	var bh berthv1.BuildHost
 	err := h.api.Get(h.ctx, types.NamespacedName{Namespace: berthNS, Name: berthv1.BuildHostName(host)}, &bh)
@@ -124,7 +128,7 @@ func (h *harness) buildHost(host string) *berthv1.BuildHost {
 
 // operate edits the host's record as `berth host drain|undrain|forget` does, and lets the
 // BuildHost loop handle the event of that write.
-func (h *harness) operate(host string, edit func(*berthv1.BuildHostSpec)) {
+func (h *hostsHarness) operate(host string, edit func(*berthv1.BuildHostSpec)) {
 	h.t.Helper()
 	bh := h.buildHost(host)
 	if bh == nil {
@@ -139,7 +143,7 @@ func (h *harness) operate(host string, edit func(*berthv1.BuildHostSpec)) {
 
 // hostEvent reconciles the host's record, as a watch event of it does, and settles what that
 // woke.
-func (h *harness) hostEvent(host string) {
+func (h *hostsHarness) hostEvent(host string) {
 	h.t.Helper()
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: berthNS, Name: berthv1.BuildHostName(host)}}
 	if _, err := h.hostsOwner().Reconcile(h.ctx, req); err != nil {
@@ -150,7 +154,7 @@ func (h *harness) hostEvent(host string) {
 
 // shows asserts what `kubectl get bhost` shows of host: each condition as "Status/Reason",
 // computed from the record's current spec.
-func (h *harness) shows(host string, want map[string]string) *berthv1.BuildHost {
+func (h *hostsHarness) shows(host string, want map[string]string) *berthv1.BuildHost {
 	h.t.Helper()
 	bh := h.buildHost(host)
 	if bh == nil {
@@ -173,13 +177,13 @@ func (h *harness) shows(host string, want map[string]string) *berthv1.BuildHost 
 }
 
 // quarantined tells whether host's record keeps it out of service for berth's own reasons.
-func (h *harness) quarantined(host string) bool {
+func (h *hostsHarness) quarantined(host string) bool {
 	bh := h.buildHost(host)
 	return bh != nil && bh.Status.Quarantined
 }
 
 // hostEvents lists the Events of one reason on the host's BuildHost record.
-func (h *harness) hostEvents(host, reason string) []recordedEvent {
+func (h *hostsHarness) hostEvents(host, reason string) []recordedEvent {
 	h.events.mu.Lock()
 	defer h.events.mu.Unlock()
 	var out []recordedEvent
@@ -193,7 +197,7 @@ func (h *harness) hostEvents(host, reason string) []recordedEvent {
 }
 
 // cleansOf counts the cleans of user started so far.
-func (h *harness) cleansOf(user string) int {
+func (h *hostsHarness) cleansOf(user string) int {
 	n := 0
 	for _, s := range h.prov.Started() {
 		if s.Kind == provisionfake.Clean && s.Job.User == user {
@@ -204,7 +208,7 @@ func (h *harness) cleansOf(user string) int {
 }
 
 // createIn is create for a TaskRun of any namespace.
-func (h *harness) createIn(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+func (h *hostsHarness) createIn(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	h.t.Helper()
 	h.created++
 	tr.UID = uuid.NewUUID()
@@ -222,7 +226,7 @@ func (h *harness) createIn(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 }
 
 // finishIn is finish for a TaskRun of any namespace.
-func (h *harness) finishIn(tr *pipelinev1.TaskRun) {
+func (h *hostsHarness) finishIn(tr *pipelinev1.TaskRun) {
 	h.t.Helper()
 	var got pipelinev1.TaskRun
 	if err := h.api.Get(h.ctx, client.ObjectKeyFromObject(tr), &got); err != nil {
@@ -677,14 +681,14 @@ func TestCleansThatShowTheHostBrokenQuarantineIt(t *testing.T) {
 // host's record must not be handed the host that is going away.
 func TestAForgottenHostIsNotHandedOutWhileItIsForgotten(t *testing.T) {
 	var duringForget func()
-	h := &harness{t: t, api: withGenerations(newAPIServer()), events: &eventLog{}, cfg: hostsConfig(1, "h1", "h2"),
+	h := &hostsHarness{&harness{t: t, api: withGenerations(newAPIServer()), events: &eventLog{}, cfg: hostsConfig(1, "h1", "h2"),
 		faults: &interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 			if f := duringForget; f != nil && sub == "status" {
 				duringForget = nil
 				f()
 			}
 			return c.SubResource(sub).Update(ctx, obj, opts...)
-		}}}
+		}}}}
 	h.start()
 	h.checkHosts()
 	first := h.create(userTaskRun("first", s390x))
