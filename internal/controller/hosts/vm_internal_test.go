@@ -325,6 +325,31 @@ func (w *vmWorld) readyVM(o *Owner) *berthv1.BuildHost {
 	return rec
 }
 
+// terminated asserts that the VM name is gone for good: no record, no instance alive, the
+// cleans owed to it forgotten once, out of the ledger, no login kept, and one Terminated
+// Event, which says why when why is not empty.
+func (w *vmWorld) terminated(o *Owner, name, why string) {
+	w.t.Helper()
+	if rec := w.record(name); rec != nil {
+		w.t.Fatalf("the terminated VM's record stays: %+v, %+v", rec.Spec.Instance, rec.Status.Instance)
+	}
+	if alive := w.cloud.Alive(); len(alive) != 0 {
+		w.t.Errorf("instances still running: %+v", alive)
+	}
+	if got := w.debts.forgotten(); !slices.Equal(got, []string{name}) {
+		w.t.Errorf("hosts forgotten: %v, want [%s]", got, name)
+	}
+	if occ := o.Capacity.HostOccupancy(name); occ.Known {
+		w.t.Errorf("the ledger still knows the VM: %+v", occ)
+	}
+	if _, ok := o.Login(name); ok {
+		w.t.Error("berth still has a login for the terminated VM")
+	}
+	if ev := w.events.on(name, "Terminated"); len(ev) != 1 || !strings.Contains(ev[0].note, why) {
+		w.t.Errorf("Terminated events: %+v, want one saying %q", ev, why)
+	}
+}
+
 func recordNames(recs []berthv1.BuildHost) []string {
 	var out []string
 	for _, r := range recs {
@@ -646,21 +671,7 @@ func TestAVMBerthCannotLogInToIsTerminatedAfterTheAllocationTimeout(t *testing.T
 	if n := len(w.prober.tries()); n != 3 {
 		t.Errorf("%d logins tried, want 3 (one per pass)", n)
 	}
-	if rec := w.record(name); rec != nil {
-		t.Fatalf("past the allocation timeout the record stays: %+v, %+v", rec.Spec.Instance, rec.Status.Instance)
-	}
-	if alive := w.cloud.Alive(); len(alive) != 0 {
-		t.Errorf("instances still running: %+v", alive)
-	}
-	if got := w.debts.forgotten(); !slices.Equal(got, []string{name}) {
-		t.Errorf("hosts forgotten: %v, want [%s]", got, name)
-	}
-	if occ := o.Capacity.HostOccupancy(name); occ.Known {
-		t.Errorf("the ledger still knows the VM: %+v", occ)
-	}
-	if ev := w.events.on(name, "Terminated"); len(ev) != 1 || !strings.Contains(ev[0].note, "could not log in within the allocation timeout") {
-		t.Errorf("Terminated events: %+v", ev)
-	}
+	w.terminated(o, name, "could not log in within the allocation timeout")
 
 	if again := w.plan(o); again.Name == name {
 		t.Errorf("no new VM for the task still waiting")
@@ -704,24 +715,7 @@ func TestAServedVMIsTerminatedOnceItsTaskLetsGo(t *testing.T) {
 	if err := o.planner.planAll(w.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rec := w.record(name); rec != nil {
-		t.Fatalf("the free retired VM's record stays: %+v", rec.Status.Instance)
-	}
-	if alive := w.cloud.Alive(); len(alive) != 0 {
-		t.Errorf("instances still running: %+v", alive)
-	}
-	if got := w.debts.forgotten(); !slices.Equal(got, []string{name}) {
-		t.Errorf("hosts forgotten: %v, want [%s]", got, name)
-	}
-	if occ := o.Capacity.HostOccupancy(name); occ.Known {
-		t.Errorf("the ledger still knows the VM: %+v", occ)
-	}
-	if _, ok := o.Login(name); ok {
-		t.Error("berth still has a login for the terminated VM")
-	}
-	if ev := w.events.on(name, "Terminated"); len(ev) != 1 {
-		t.Errorf("Terminated events: %+v", ev)
-	}
+	w.terminated(o, name, "")
 	// Nobody waits: nothing is launched in its place.
 	if err := o.planner.planAll(w.ctx); err != nil {
 		t.Fatal(err)
@@ -792,15 +786,7 @@ func TestAVMWhoseStateTheCloudNeverTellsIsTerminatedAfterTheAllocationTimeout(t 
 	}
 	w.clock.advance(time.Second)
 	w.mustReconcile(o, name)
-	if alive := w.cloud.Alive(); len(alive) != 0 {
-		t.Errorf("instances still running past the allocation timeout: %+v", alive)
-	}
-	if rec := w.record(name); rec != nil {
-		t.Errorf("the record stays past the allocation timeout: %+v", rec.Status.Instance)
-	}
-	if ev := w.events.on(name, "Terminated"); len(ev) != 1 || !strings.Contains(ev[0].note, "did not tell its state within the allocation timeout") {
-		t.Errorf("Terminated events: %+v", ev)
-	}
+	w.terminated(o, name, "did not tell its state within the allocation timeout")
 }
 
 // TestABootingRecordWithoutALaunchTimeCountsFromItsCreation: a booting record whose status
