@@ -24,7 +24,7 @@ ssh -i "$key" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o Bat
   "$(cat /ssh/host)" "cd $(cat /ssh/user-dir) && echo \"\$(id -un) \$(pwd)\"" > $(results.out.path)
 `
 
-func TestEndToEnd(t *testing.T) {
+func TestARemoteBuildRunsAsAFreshUserThatIsRemovedAfter(t *testing.T) {
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
 	tr := create(t, userTaskRun(ns, "build", platform, remoteBuild))
@@ -55,7 +55,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Fatalf("the secret names %s, not one of the configured hosts", host)
 }
 
-func TestLocalPlatform(t *testing.T) {
+func TestALocalPlatformsTaskIsToldLocalhost(t *testing.T) {
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
 	tr := create(t, userTaskRun(ns, "native", "linux/amd64", ""))
@@ -74,11 +74,11 @@ func TestLocalPlatform(t *testing.T) {
 	settled(t, ns)
 }
 
-// TestEndToEndThroughInternalTaskRuns: with --provisioner=taskrun the build user is made by a
+// TestInternalTaskRunsMakeAndRemoveTheUserWithoutSeeingTheKey: with --provisioner=taskrun the build user is made by a
 // provision TaskRun in berth's namespace (run by the stand-in with berth's own step, as the
 // host-tasks ServiceAccount), which never sees the private key; the controller writes the
 // secret, and a clean TaskRun removes the user.
-func TestEndToEndThroughInternalTaskRuns(t *testing.T) {
+func TestInternalTaskRunsMakeAndRemoveTheUserWithoutSeeingTheKey(t *testing.T) {
 	o := controllerOptions()
 	o.Provisioner = "taskrun"
 	restartController(t, o)

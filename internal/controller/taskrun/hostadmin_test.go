@@ -59,10 +59,10 @@ func hostCondition(t *testing.T, host, typ string) (c metav1.Condition, current 
 	return *found, bh.Status.ObservedGeneration == bh.Generation && found.ObservedGeneration == bh.Generation
 }
 
-// TestDrainUndrainAndForget drives a host's life through the operator's commands: a drained
+// TestOperatorsDrainUndrainAndForgetHostsWithBerthHost drives a host's life through the operator's commands: a drained
 // host takes no task, an undrained one does again, and a forgotten dead host stops owing its
 // cleanups, frees its slot and stays drained.
-func TestDrainUndrainAndForget(t *testing.T) {
+func TestOperatorsDrainUndrainAndForgetHostsWithBerthHost(t *testing.T) {
 	applyConfig(t, 1, nil)
 	ns := namespace(t)
 	hosts := hostsByName()

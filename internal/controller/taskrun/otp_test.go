@@ -47,7 +47,7 @@ echo "second redemption: $again" >> $(results.out.path)
 // With the OTP option the secret carries a one-time token and no key; the real task's curl
 // redeems it once, and the key it gets logs in as the task's build user. When the task ends,
 // nothing of the key is left kept.
-func TestOTPEndToEnd(t *testing.T) {
+func TestAOneTimeTokenRedeemsTheKeyOnce(t *testing.T) {
 	url, ca := stacktest.OTPController(t, stack, controllerOptions())
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
@@ -83,7 +83,7 @@ func TestOTPEndToEnd(t *testing.T) {
 
 // A token is worth nothing once its task's secret was changed or deleted by the tenant, or
 // its task ended: the key is withdrawn, whoever read the token.
-func TestOTPKeyWithdrawn(t *testing.T) {
+func TestATokenIsWorthNothingOnceItsSecretChangesOrItsTaskEnds(t *testing.T) {
 	url, ca := stacktest.OTPController(t, stack, controllerOptions())
 	applyConfig(t, 3, nil)
 	ns := namespace(t)

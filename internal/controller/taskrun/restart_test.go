@@ -97,7 +97,7 @@ func whileStopped(t *testing.T, crashLeft func()) {
 // point would have left, and starts a new controller: it must end with the host clean and the
 // slot free.
 
-func TestRestartWhileWaiting(t *testing.T) {
+func TestAWaiterIsServedByTheRestartedController(t *testing.T) {
 	applyConfig(t, 1, nil)
 	ns := namespace(t)
 	var trs []*pipelinev1.TaskRun
@@ -172,10 +172,10 @@ func TestRestartKeepsTheLineInOrder(t *testing.T) {
 	noBuildUsersLeft(t)
 }
 
-// TestRestartWithAnUnsealedSecret: a secret berth did not seal for the record's build user
+// TestAnUnsealedSecretFoundAfterARestartGetsAFreshUser: a secret berth did not seal for the record's build user
 // (one a tenant wrote while berth was down, under berth's label and owner) does not pass for a
 // hand-over after a restart: the user is made again, and the forged secret replaced.
-func TestRestartWithAnUnsealedSecret(t *testing.T) {
+func TestAnUnsealedSecretFoundAfterARestartGetsAFreshUser(t *testing.T) {
 	ns, tr := readyTask(t, "unsealed")
 	first := recordOf(t, tr)
 	whileStopped(t, func() {
@@ -210,14 +210,14 @@ func secondUserReplacesFirst(t *testing.T, ns string, tr *pipelinev1.TaskRun, fi
 	noBuildUsersLeft(t)
 }
 
-func TestRestartAfterTheTaskEndedUnseen(t *testing.T) {
+func TestATaskThatEndedWhileBerthWasDownIsCleaned(t *testing.T) {
 	ns, tr := readyTask(t, "ended-unseen")
 	whileStopped(t, func() { finish(t, tr) })
 	settled(t, ns)
 	noBuildUsersLeft(t)
 }
 
-func TestRestartWhileACleanIsOwed(t *testing.T) {
+func TestACleanOwedAcrossARestartIsPaidOnceTheHostIsBack(t *testing.T) {
 	ns, tr := readyTask(t, "owed")
 	host := hostOf(t, recordOf(t, tr).Status.Login)
 	cut(t, host)
