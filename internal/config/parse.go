@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -143,7 +144,7 @@ func (p *parser) parseGlobals() {
 		if strings.TrimSpace(raw) == "" {
 			p.globalErrorf("max-tasks-per-namespace", "empty; write a number, or remove the key for no limit")
 		} else {
-			p.cfg.MaxTasksPerNamespace = p.intInRange(strings.TrimSpace(raw), 1, maxTasksPerNamespace, "tasks one namespace may run at once on a platform",
+			p.cfg.MaxTasksPerNamespace = p.intInRange(strings.TrimSpace(raw), 1, noUpperBound, "tasks one namespace may run at once on a platform",
 				func(msg string) { p.globalErrorf("max-tasks-per-namespace", "%s", msg) })
 		}
 	}
@@ -260,7 +261,7 @@ func (p *parser) parseHosts() {
 		}
 		h.Concurrency = 1
 		if raw := fields["concurrency"]; raw != "" {
-			h.Concurrency = p.intInRange(raw, 1, maxHostConcurrency, "builds at once on this host", func(msg string) { fail("concurrency", "%s", msg) })
+			h.Concurrency = p.intInRange(raw, 1, noUpperBound, "builds at once on this host", func(msg string) { fail("concurrency", "%s", msg) })
 		} else {
 			warn("concurrency", "not set; berth runs one build at a time on this host")
 		}
@@ -336,15 +337,15 @@ func (p *parser) parseDynamic() {
 
 		d.SSHSecret, d.InstanceTag, d.SudoCommands, d.HostKey = fields["ssh-secret"], fields["instance-tag"], fields["sudo-commands"], fields["host-key"]
 		if raw, ok := fields["max-instances"]; ok {
-			d.MaxInstances = p.intInRange(raw, 1, maxInstances, "VMs at most", func(msg string) { fail("max-instances", "%s", msg) })
+			d.MaxInstances = p.intInRange(raw, 1, noUpperBound, "VMs at most", func(msg string) { fail("max-instances", "%s", msg) })
 		}
 		d.AllocationTimeout = p.seconds(fields, "allocation-timeout", DefaultAllocationTimeout, fail)
 		d.CheckInterval = p.seconds(fields, "check-interval", DefaultCheckInterval, fail)
 		if raw, ok := fields["min-idle"]; ok {
-			d.MinIdle = p.intInRange(raw, 0, maxInstances, "idle slots kept ready", func(msg string) { fail("min-idle", "%s", msg) })
+			d.MinIdle = p.intInRange(raw, 0, noUpperBound, "idle slots kept ready", func(msg string) { fail("min-idle", "%s", msg) })
 		}
 		if raw, ok := fields["max-age"]; ok && !pooled {
-			d.MaxAge = time.Duration(p.intInRange(raw, 1, maxPoolAgeMinutes, "minutes a warm VM may wait", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
+			d.MaxAge = time.Duration(p.intInRange(raw, 1, maxDurationMinute, "minutes a warm VM may wait", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
 			if d.MinIdle == 0 {
 				warn("max-age", "ignored: on a dynamic platform max-age bounds the life of warm VMs, and min-idle is not set; each VM serves one task and goes")
 			}
@@ -352,10 +353,10 @@ func (p *parser) parseDynamic() {
 		if pooled {
 			d.Pool = &Pool{}
 			if raw, ok := fields["concurrency"]; ok {
-				d.Pool.Concurrency = p.intInRange(raw, 1, maxHostConcurrency, "builds at once on each VM", func(msg string) { fail("concurrency", "%s", msg) })
+				d.Pool.Concurrency = p.intInRange(raw, 1, noUpperBound, "builds at once on each VM", func(msg string) { fail("concurrency", "%s", msg) })
 			}
 			if raw, ok := fields["max-age"]; ok {
-				d.Pool.MaxAge = time.Duration(p.intInRange(raw, 1, maxPoolAgeMinutes, "minutes a VM may live", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
+				d.Pool.MaxAge = time.Duration(p.intInRange(raw, 1, maxDurationMinute, "minutes a VM may live", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
 			}
 		}
 		if d.SudoCommands != "" {
@@ -448,18 +449,27 @@ func (p *parser) checkFields(fields map[string]string, schema map[string]field, 
 	}
 }
 
-// intInRange parses a whole number in [lo, hi]; what says what the number counts.
+// intInRange parses a whole number in [lo, hi] (hi noUpperBound: lo or more); what says what
+// the number counts.
 func (p *parser) intInRange(raw string, lo, hi int, what string, fail func(string)) int {
 	if raw == "" {
 		return 0 // reported as empty by checkFields
 	}
+	span := fmt.Sprintf("from %d to %d", lo, hi)
+	if hi == noUpperBound {
+		span = fmt.Sprintf("%d or more", lo)
+	}
 	n, err := strconv.Atoi(raw)
 	if err != nil {
-		fail(fmt.Sprintf("%q is not a whole number; write the number of %s, from %d to %d", raw, what, lo, hi))
+		if errors.Is(err, strconv.ErrRange) {
+			fail(fmt.Sprintf("%s is out of range; the number of %s must be %s", raw, what, span))
+		} else {
+			fail(fmt.Sprintf("%q is not a whole number; write the number of %s, %s", raw, what, span))
+		}
 		return 0
 	}
 	if n < lo || n > hi {
-		fail(fmt.Sprintf("%d is out of range; the number of %s must be from %d to %d", n, what, lo, hi))
+		fail(fmt.Sprintf("%d is out of range; the number of %s must be %s", n, what, span))
 		return 0
 	}
 	return n
@@ -470,14 +480,18 @@ func (p *parser) seconds(fields map[string]string, field string, def int, fail f
 	if raw == "" { // absent or empty: the default
 		return time.Duration(def) * time.Second
 	}
-	n := p.intInRange(raw, 1, 24*60*60, "seconds", func(msg string) { fail(field, "%s", msg) })
+	n := p.intInRange(raw, 1, maxDurationSecond, "seconds", func(msg string) { fail(field, "%s", msg) })
 	return time.Duration(n) * time.Second
 }
 
+// hostNameRE is what a static host may be called: the name is the value of the contract's
+// assigned-host label on the TaskRun, and a Kubernetes label value is at most 63 characters of
+// these (the apiserver's own rule, k8s.io/apimachinery validation.IsValidLabelValue).
 var hostNameRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 
 func validHostName(name string) bool { return hostNameRE.MatchString(name) }
 
+// dnsNameRE is a DNS name as RFC 1123 allows it: labels of at most 63 characters.
 var dnsNameRE = regexp.MustCompile(`^([a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?\.)*[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?$`)
 
 // checkAddress accepts an IP or DNS name, optionally with :port.

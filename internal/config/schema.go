@@ -1,6 +1,10 @@
 package config
 
-import "regexp"
+import (
+	"math"
+	"regexp"
+	"time"
+)
 
 // The keys the config understands, by section. A key's kind decides how its value is parsed;
 // anything not listed here is an unknown key (a warning, with a suggestion: berth ignores it, as
@@ -173,12 +177,18 @@ var providerSecretKeys = map[string]struct {
 	"local-vm": {field: "secret", keys: []string{"api-key"}},
 }
 
-// Limits. Concurrency is bounded so that a typo (40 for 4) cannot pile a host with builds.
+// Defaults, in seconds.
 const (
-	maxHostConcurrency       = 64
-	maxInstances             = 250
-	maxPoolAgeMinutes        = 24 * 60
-	maxTasksPerNamespace     = 10000
-	DefaultAllocationTimeout = 600 // seconds
-	DefaultCheckInterval     = 60  // seconds
+	DefaultAllocationTimeout = 600
+	DefaultCheckInterval     = 60
+)
+
+// Bounds. Counts (concurrency, max-instances, min-idle, max-tasks-per-namespace) have a lower
+// bound only: no system berth talks to documents an upper one (the clouds' instance quotas are
+// per account and change), and production configs exceed any guess. Durations are bounded by
+// what Go's time.Duration holds (about 292 years), past which they would wrap around.
+const (
+	noUpperBound      = math.MaxInt
+	maxDurationMinute = int(math.MaxInt64 / int64(time.Minute))
+	maxDurationSecond = int(math.MaxInt64 / int64(time.Second))
 )
