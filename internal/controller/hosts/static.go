@@ -305,8 +305,9 @@ func (h *staticHosts) writeStatus(ctx context.Context, bh *berthv1.BuildHost) er
 	return h.client.Status().Update(ctx, bh)
 }
 
-// reconcile applies what operators do to a host's record (drain, undrain, forget), once the
-// config is read and the capacity knows who holds what, and has the capacity follow it.
+// reconcile applies what operators do to a host's record, a static host's or a VM's (drain,
+// undrain, forget), once the config is read and the capacity knows who holds what, and has the
+// capacity follow it.
 func (h *staticHosts) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if !h.config.Synced() || !h.capacity.Restored() {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
@@ -323,7 +324,7 @@ func (h *staticHosts) reconcile(ctx context.Context, req reconcile.Request) (rec
 }
 
 // refreshConditions writes a static host's conditions again once an operator changed its spec
-// (drain, undrain; the end of a forget). A VM's record is left to its own loop (package vms),
+// (drain, undrain; the end of a forget). A VM's record is left to the VM loop,
 // and a record berth has written no status to yet is left to its first check: this write
 // would only race theirs.
 func (h *staticHosts) refreshConditions(ctx context.Context, bh *berthv1.BuildHost) (reconcile.Result, error) {
