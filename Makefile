@@ -7,7 +7,7 @@ GO ?= go
 TAGS ?= stack
 
 # Packages whose tests are cheap enough to also run under the race detector.
-RACE_PKGS ?= ./internal/allocation/... ./internal/config/... ./internal/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/dev/testground/tektonstandin/... ./internal/dev/testground/sshhosts/... ./internal/dev/testground/vmcloud/... ./internal/cloud/...
+RACE_PKGS ?= ./internal/allocation/... ./internal/controller/... ./internal/config/... ./internal/hostconfig/... ./internal/remote/... ./internal/hostops/... ./internal/dev/testground/tektonstandin/... ./internal/dev/testground/sshhosts/... ./internal/dev/testground/vmcloud/... ./internal/cloud/...
 
 .PHONY: all build test testbin prereqs run vet fuzz bench clean generate
 
