@@ -456,8 +456,11 @@ func (p *parser) intInRange(raw string, lo, hi int, what string, fail func(strin
 		return 0 // reported as empty by checkFields
 	}
 	span := fmt.Sprintf("from %d to %d", lo, hi)
-	if hi == noUpperBound {
+	switch hi {
+	case noUpperBound:
 		span = fmt.Sprintf("%d or more", lo)
+	case maxDurationMinute, maxDurationSecond:
+		span += ", the longest time Go's time.Duration holds (about 292 years)"
 	}
 	n, err := strconv.Atoi(raw)
 	if err != nil {

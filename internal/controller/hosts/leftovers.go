@@ -9,10 +9,8 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -92,29 +90,21 @@ func (h *staticHosts) dropLeftover(ctx context.Context, host, user string) {
 // too. A static host's record is made on first sight; a host with neither record nor config is
 // skipped.
 func (h *staticHosts) edit(ctx context.Context, host string, edit func(*berthv1.BuildHost) bool) (*berthv1.BuildHost, error) {
-	var bh berthv1.BuildHost
-	key := client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(host)}
+	var bh *berthv1.BuildHost
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		err := h.apiReader.Get(ctx, key, &bh)
-		if apierrors.IsNotFound(err) {
-			static := h.config.Host(host)
-			if static == nil {
-				return fmt.Errorf("host %s has no record and is not configured", host)
-			}
-			made, err := h.record(ctx, static)
-			if err != nil {
-				return err
-			}
-			bh = *made
-		} else if err != nil {
+		var err error
+		if bh, err = h.recordOf(ctx, h.apiReader, host); err != nil {
 			return err
 		}
-		if !edit(&bh) {
+		if bh == nil {
+			return fmt.Errorf("host %s has no record and is not configured", host)
+		}
+		if !edit(bh) {
 			return nil
 		}
-		return h.writeStatus(ctx, &bh)
+		return h.writeStatus(ctx, bh)
 	})
-	return &bh, err
+	return bh, err
 }
 
 // bounded cuts what a host reported to maxWhat bytes, on a rune boundary.

@@ -1,9 +1,13 @@
-// Package vms is berth's loop over the VMs it launches for dynamic and dynamic-pool platforms.
-// Each VM has a BuildHost record with an instance section, written before the cloud is asked
-// for it, so that a crash at any instant neither launches twice nor loses a VM. The VM
-// reconciler walks one record through its phases (launching, booting, ready, terminating); the
-// planner decides, one platform at a time, how many VMs to launch, retire and terminate; the
-// sweeper terminates instances carrying this installation's tag that no record accounts for.
+// Package hosts owns the BuildHost records: one per static host of the config, and one per VM
+// berth launches for a dynamic or dynamic-pool platform.
+//
+// A static host's record is kept by its checks (health, quarantine, what build users left)
+// and by what operators write to its spec (drain, undrain, forget). A VM's record has an
+// instance section, written before the cloud is asked for it, so that a crash at any instant
+// neither launches twice nor loses a VM: the VM loop walks one record through its phases
+// (launching, booting, ready, terminating); the planner decides, one platform at a time, how
+// many VMs to launch, retire and terminate; the sweeper terminates instances carrying this
+// installation's tag that no record accounts for.
 package hosts
 
 import (
@@ -142,18 +146,34 @@ func (o *Owner) Released(ctx context.Context, host string) error {
 	return o.vm.retire(ctx, &rec, "it served its task")
 }
 
-// Reconcile keeps one BuildHost record: a VM's walks through its phases (see vmLoop); and
-// every record, once the capacity knows who holds what, carries out what an operator wrote to
-// its spec (drain, undrain, forget) and shows it in its conditions (see staticHosts). It
-// returns the sooner of the two requeues.
+// Reconcile keeps one BuildHost record, read once: a VM's walks through its phases (see
+// vmLoop); and every record, once the capacity knows who holds what, carries out what an
+// operator wrote to its spec (drain, undrain, forget) and shows it in its conditions (see
+// staticHosts). It returns the sooner of the two requeues.
 func (o *Owner) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	o.init()
-	vm, err := o.vm.reconcile(ctx, req)
-	if err != nil {
-		return vm, err
+	// Nothing is decided before the config is read: until then every platform looks
+	// unconfigured, and a record being launched would be given up (deleted, its instance
+	// left to the sweeper) as if the cloud had refused its settings for good.
+	if !o.Config.Synced() {
+		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
 	}
-	rec, err := o.static.reconcile(ctx, req)
-	return sooner(vm, rec), err
+	var rec berthv1.BuildHost
+	if err := o.Client.Get(ctx, req.NamespacedName, &rec); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			o.readyVMs.drop(req.Name)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	var vm reconcile.Result
+	if rec.Spec.Instance != nil {
+		var err error
+		if vm, err = o.vm.reconcile(ctx, rec.DeepCopy()); err != nil {
+			return vm, err
+		}
+	}
+	res, err := o.static.reconcile(ctx, &rec)
+	return sooner(vm, res), err
 }
 
 // sooner is the result that brings a record back first.
@@ -170,7 +190,7 @@ func sooner(a, b reconcile.Result) reconcile.Result {
 // CheckNow checks every static host once, as the checks do each interval.
 func (o *Owner) CheckNow(ctx context.Context) error {
 	o.init()
-	return o.static.checkAll(ctx, 0)
+	return o.static.checkAll(ctx)
 }
 
 // Cleaned is told that debt d, a build user, is gone from its host.

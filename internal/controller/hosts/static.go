@@ -56,9 +56,10 @@ type staticHosts struct {
 type hostChecks struct {
 	hosts    *staticHosts
 	interval time.Duration
-	// timeout bounds one host's check.
-	timeout time.Duration
 }
+
+// checkTimeout bounds one host's check.
+const checkTimeout = time.Minute
 
 // NeedLeaderElection: two replicas must not check every host twice.
 func (hc *hostChecks) NeedLeaderElection() bool { return true }
@@ -72,7 +73,7 @@ func (hc *hostChecks) Start(ctx context.Context) error {
 	ticker := time.NewTicker(hc.interval)
 	defer ticker.Stop()
 	for {
-		if err := hc.hosts.checkAll(ctx, hc.timeout); err != nil && ctx.Err() == nil {
+		if err := hc.hosts.checkAll(ctx); err != nil && ctx.Err() == nil {
 			log.Error(err, "checking hosts")
 		}
 		select {
@@ -83,15 +84,12 @@ func (hc *hostChecks) Start(ctx context.Context) error {
 	}
 }
 
-// checkAll checks every static host of the config in force, each within timeout (a minute
-// when 0), and records the outcomes.
-func (h *staticHosts) checkAll(ctx context.Context, timeout time.Duration) error {
+// checkAll checks every static host of the config in force, each within checkTimeout, and
+// records the outcomes.
+func (h *staticHosts) checkAll(ctx context.Context) error {
 	cfg := h.config.Config()
 	if cfg == nil {
 		return nil
-	}
-	if timeout <= 0 {
-		timeout = time.Minute
 	}
 	// The checks run in parallel; their outcomes are recorded afterwards, against one reading
 	// of what is owed to each host.
@@ -104,7 +102,7 @@ func (h *staticHosts) checkAll(ctx context.Context, timeout time.Duration) error
 			defer wg.Done()
 			slots <- struct{}{}
 			defer func() { <-slots }()
-			cctx, cancel := context.WithTimeout(ctx, timeout)
+			cctx, cancel := context.WithTimeout(ctx, checkTimeout)
 			healths[i] = h.checker.Check(cctx, hostconfig.Login(host))
 			cancel()
 		}()
@@ -142,9 +140,9 @@ func (h *staticHosts) owedByHost(ctx context.Context, reader client.Reader) (map
 // recordHealth writes a check's outcome into the host's record and the ledger; with no check
 // (health nil), what the owed cleans alone change of the last check's outcome, which passed.
 func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost, health *provision.Health, owed []owedClean) error {
-	bh, err := h.record(ctx, host)
-	if err != nil {
-		return err
+	bh, err := h.recordOf(ctx, h.client, host.Name)
+	if err != nil || bh == nil {
+		return err // nil: the host left the config while it was checked
 	}
 	healthy, reason := true, ""
 	next := bh.DeepCopy()
@@ -210,33 +208,21 @@ func (h *staticHosts) event(ctx context.Context, bh *berthv1.BuildHost, eventTyp
 // clean tries again.
 func (h *staticHosts) quarantineForCleans(ctx context.Context, hostName, why string) {
 	log := logf.FromContext(ctx).WithValues("host", hostName)
-	var bh berthv1.BuildHost
-	err := h.client.Get(ctx, client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(hostName)}, &bh)
-	if apierrors.IsNotFound(err) {
-		host := h.config.Host(hostName)
-		if host == nil {
-			return // neither a record nor a static host: a VM already gone
-		}
-		created, cerr := h.record(ctx, host)
-		if cerr == nil {
-			bh = *created
-		}
-		err = cerr
-	}
+	bh, err := h.recordOf(ctx, h.client, hostName)
 	if err != nil {
 		log.Error(err, "reading the record of a host to quarantine for failing cleans")
 		return
 	}
-	if bh.Status.Quarantined {
-		return
+	if bh == nil || bh.Status.Quarantined {
+		return // neither a record nor a static host (a VM already gone), or out already
 	}
 	bh.Quarantine(berthv1.QuarantineCleansFailing, "cleanups keep failing: "+why, h.now())
-	if err := h.writeStatus(ctx, &bh); err != nil {
+	if err := h.writeStatus(ctx, bh); err != nil {
 		log.Error(err, "quarantining a host for failing cleans")
 		return
 	}
-	h.event(ctx, &bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
-	h.capacity.Follow(&bh)
+	h.event(ctx, bh, corev1.EventTypeWarning, "HostQuarantined", "Clean", "host %s takes no new builds until a check passes and its build users are removed: %s", hostName, why)
+	h.capacity.Follow(bh)
 }
 
 // cleansDone puts back in service, as soon as no build user is owed to it any more, a static
@@ -270,19 +256,24 @@ type owedClean struct {
 	user string
 }
 
-// record reads the host's record, creating it on first sight. A create writes no status:
-// the new record comes back with its platform and address filled in for the caller's status
-// write (every caller writes one); until then it is a host in service, as it was before it had
-// a record.
-func (h *staticHosts) record(ctx context.Context, host *config.StaticHost) (*berthv1.BuildHost, error) {
+// recordOf reads the host's record through reader (the cache, or the apiserver for a read
+// that must be fresh), creating a static host's on first sight; nil, with no error, for a host
+// with neither record nor config. A create writes no status: the new record comes back with
+// its platform and address filled in for the caller's status write (every caller writes one);
+// until then it is a host in service, as it was before it had a record.
+func (h *staticHosts) recordOf(ctx context.Context, reader client.Reader, hostName string) (*berthv1.BuildHost, error) {
 	var bh berthv1.BuildHost
-	key := client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(host.Name)}
-	err := h.client.Get(ctx, key, &bh)
+	key := client.ObjectKey{Namespace: h.namespace, Name: berthv1.BuildHostName(hostName)}
+	err := reader.Get(ctx, key, &bh)
 	if err == nil {
 		return &bh, nil
 	}
 	if !apierrors.IsNotFound(err) {
 		return nil, err
+	}
+	host := h.config.Host(hostName)
+	if host == nil {
+		return nil, nil
 	}
 	bh = berthv1.BuildHost{
 		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: h.namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"}},
@@ -306,21 +297,16 @@ func (h *staticHosts) writeStatus(ctx context.Context, bh *berthv1.BuildHost) er
 }
 
 // reconcile applies what operators do to a host's record, a static host's or a VM's (drain,
-// undrain, forget), once the config is read and the capacity knows who holds what, and has the
-// capacity follow it.
-func (h *staticHosts) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if !h.config.Synced() || !h.capacity.Restored() {
+// undrain, forget), once the capacity knows who holds what, and has the capacity follow it.
+func (h *staticHosts) reconcile(ctx context.Context, bh *berthv1.BuildHost) (reconcile.Result, error) {
+	if !h.capacity.Restored() {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
 	}
-	var bh berthv1.BuildHost
-	if err := h.client.Get(ctx, req.NamespacedName, &bh); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
 	if bh.Spec.Forget {
-		return reconcile.Result{}, h.forget(ctx, &bh)
+		return reconcile.Result{}, h.forget(ctx, bh)
 	}
-	h.capacity.Follow(&bh)
-	return h.refreshConditions(ctx, &bh)
+	h.capacity.Follow(bh)
+	return h.refreshConditions(ctx, bh)
 }
 
 // refreshConditions writes a static host's conditions again once an operator changed its spec

@@ -43,36 +43,20 @@ type vmLoop struct {
 	kick func()
 }
 
-// reconcile walks one VM record through its phases.
-func (v *vmLoop) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	// Nothing is decided before the config is read: until then every platform looks
-	// unconfigured, and a record being launched would be given up (deleted, its instance
-	// left to the sweeper) as if the cloud had refused its settings for good.
-	if !v.config.Synced() {
-		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
-	}
-	var rec berthv1.BuildHost
-	if err := v.client.Get(ctx, req.NamespacedName, &rec); err != nil {
-		if client.IgnoreNotFound(err) == nil {
-			v.readyVMs.drop(req.Name)
-		}
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
-	if rec.Spec.Instance == nil {
-		return reconcile.Result{}, nil
-	}
+// reconcile walks a VM's record (one with an instance section) through its phases.
+func (v *vmLoop) reconcile(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	if rec.Status.Instance == nil {
 		rec.Status.Instance = &berthv1.InstanceStatus{}
 	}
 	switch rec.Status.Instance.Phase {
 	case berthv1.InstanceLaunching, "":
-		return v.launch(ctx, &rec)
+		return v.launch(ctx, rec)
 	case berthv1.InstanceBooting:
-		return v.boot(ctx, &rec)
+		return v.boot(ctx, rec)
 	case berthv1.InstanceReady:
-		return v.ready(ctx, &rec)
+		return v.ready(ctx, rec)
 	case berthv1.InstanceTerminating:
-		return v.terminate(ctx, &rec)
+		return v.terminate(ctx, rec)
 	}
 	return reconcile.Result{}, nil
 }

@@ -284,9 +284,9 @@ func (w *vmWorld) plan(o *Owner) berthv1.BuildHost {
 	return recs[0]
 }
 
-// reconcile runs the VM loop once over the record name.
+// reconcile runs the owner once over the record name, as a watch event of it does.
 func (w *vmWorld) reconcile(o *Owner, name string) (reconcile.Result, error) {
-	return o.vm.reconcile(w.ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vmNS, Name: name}})
+	return o.Reconcile(w.ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vmNS, Name: name}})
 }
 
 // mustReconcile is reconcile for a pass that must not fail.

@@ -42,8 +42,6 @@ type failedClean struct {
 // with nothing owed and no running task goes.
 func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
 	var paid []berthv1.Debt
-	var failed error
-	var failedDebt berthv1.Debt
 	var failures []failedClean
 	for _, d := range rec.Status.Debts {
 		if gone, err := ds.strategies.vmGone(ctx, d.HostLogin); err != nil {
@@ -58,15 +56,12 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 		case !out.Done:
 		case out.Err != nil:
 			ds.provisioner.Forget(j.ID)
-			if failed == nil {
-				failed, failedDebt = out.Err, d
-			}
 			failures = append(failures, failedClean{debt: d, err: out.Err})
 		default:
 			paid = append(paid, d)
 		}
 	}
-	if len(paid) == 0 && failed == nil {
+	if len(paid) == 0 && len(failures) == 0 {
 		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
 			return reconcile.Result{}, ds.records.drop(ctx, rec)
 		}
@@ -74,9 +69,10 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 	}
 	next := rec.DeepCopy()
 	var retry time.Duration
-	if failed != nil {
+	if len(failures) > 0 {
+		first := failures[0]
 		next.Status.CleanFailures++
-		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", failedDebt.BuildUser, failedDebt.Host, failed)
+		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", first.debt.BuildUser, first.debt.Host, first.err)
 		retry = cleanBackoff(next.Status.CleanFailures)
 	} else {
 		next.Status.CleanFailures = 0
@@ -84,9 +80,10 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 	if err := ds.settle(ctx, rec, next, paid); err != nil {
 		return reconcile.Result{}, err
 	}
-	if failed != nil {
-		cleanFailures.WithLabelValues(failedDebt.Host).Inc()
-		tellRecord(ctx, ds.recorder, rec, failedDebt.Host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
+	if len(failures) > 0 {
+		host := failures[0].debt.Host
+		cleanFailures.WithLabelValues(host).Inc()
+		tellRecord(ctx, ds.recorder, rec, host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
 	}
 	if ds.cleans != nil {
 		for _, d := range paid {

@@ -316,7 +316,7 @@ func TestARestartedControllerKeepsAQuarantinedHostOut(t *testing.T) {
 
 // A host that passes its check again while build users are still owed to it stays out of
 // service (CleansPending) though it has a free slot; the check retries their cleans at once
-// rather than at their backoff. Once they are done, the next check puts it back.
+// rather than at their backoff. The clean of the last one puts it back, without a check.
 func TestAHostWithOwedCleansStaysQuarantinedUntilTheyAreDone(t *testing.T) {
 	h := newHostsHarness(t, hostsConfig(2, "h1"), nil)
 	ended := h.create(userTaskRun("ended", s390x))

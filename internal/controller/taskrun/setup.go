@@ -44,10 +44,7 @@ func (r *Reconciler) init() {
 	r.mirror = newMirror(r)
 	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
-	r.strategies = strategies{config: r.Config}
-	if r.Hosts != nil {
-		r.strategies.vms = r.Hosts
-	}
+	r.strategies = strategies{config: r.Config, vms: r.Hosts}
 	r.debts = &debts{client: r.Client, namespace: r.Namespace, provisioner: r.Provisioner, capacity: r.Capacity,
 		strategies: r.strategies, records: r.records, cleans: r.Hosts, recorder: r.Recorder}
 	r.keyring = &keyring{config: r.Config, newKey: r.NewKey, otp: r.OTP, secrets: r.secrets}
