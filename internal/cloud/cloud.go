@@ -23,6 +23,10 @@ const (
 	StatePending State = "pending" // launched, not running yet
 	StateRunning State = "running" // running; Address is set once the cloud knows it
 	StateGone    State = "gone"    // terminated or terminating: it will never serve a task
+	// StateStopped: stopped or stopping (IBM: stopped, Power VS: SHUTOFF), by someone in the
+	// console, another tool, or the cloud itself. It serves no task, yet the cloud keeps it
+	// and its volumes, and bills them, until it is terminated: berth terminates it.
+	StateStopped State = "stopped"
 )
 
 // Instance is a VM as its cloud reports it.
@@ -74,7 +78,8 @@ type Provider interface {
 	Launch(ctx context.Context, req LaunchRequest) (Instance, error)
 	// Get reports one instance; an error of kind NotFound once the cloud has forgotten it.
 	Get(ctx context.Context, id string) (Instance, error)
-	// List returns every instance (not yet gone) carrying all of the tags.
+	// List returns every instance not yet gone (stopped ones included) carrying all of the
+	// tags.
 	List(ctx context.Context, tags map[string]string) ([]Instance, error)
 	// Terminate ends an instance; one that is already gone is a success.
 	Terminate(ctx context.Context, id string) error

@@ -89,3 +89,36 @@ func TestMissingCredentialKeyIsNamed(t *testing.T) {
 	}
 	settled(t, ns, 0)
 }
+
+// A VM someone stops in the EC2 console is still billed, with its volumes, and serves no task:
+// berth terminates it and says so, the next task gets a new VM, and nothing is left in the
+// account.
+func TestAVMStoppedInTheConsoleIsTerminatedAndReplaced(t *testing.T) {
+	ns := namespace(t)
+	const platform = "linux/loong64"
+	useConfig(t, platform, devstack.DynamicSettings{MaxInstances: 1, Provider: devstack.ProviderAWS})
+	a := task(t, ns, "stopped", platform)
+	_, vm := vmOf(t, a)
+	id := vm.Status.Instance.ID
+	if err := stack.EC2.StopFromConsole(id); err != nil {
+		t.Fatal(err)
+	}
+	if !eventWith(t, "InstanceStopped", id) {
+		t.Fatal("no InstanceStopped event names the stopped VM")
+	}
+	if _, err := cloud().WaitFor(ctxFor(t), machineOf(t, vm).ID, vmcloud.Gone); err != nil {
+		t.Fatalf("the stopped VM was not terminated: %v", err)
+	}
+	finish(t, a)
+	b := task(t, ns, "after", platform)
+	if _, next := vmOf(t, b); next.Name == vm.Name || next.Status.Instance.ID == id {
+		t.Fatalf("the next task got the stopped VM's record %s (%s)", next.Name, next.Status.Instance.ID)
+	}
+	finish(t, b)
+	settled(t, ns, 0)
+	for _, inst := range stack.EC2.Instances() {
+		if inst.ID == id && inst.State != "terminated" {
+			t.Errorf("EC2 shows the stopped VM %s as %s at the end", id, inst.State)
+		}
+	}
+}

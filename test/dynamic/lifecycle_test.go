@@ -153,7 +153,7 @@ func TestCloudFaults(t *testing.T) {
 }
 
 // The sweeper terminates an instance carrying this installation's tag that no record accounts
-// for, and leaves alone one without the tag.
+// for, running or stopped, and leaves alone one without the tag.
 func TestSweeperTerminatesUntrackedInstances(t *testing.T) {
 	const platform = "linux/arm64"
 	useConfig(t, platform, devstack.DynamicSettings{MaxInstances: 1})
@@ -181,11 +181,22 @@ func TestSweeperTerminatesUntrackedInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cloud().WaitFor(ctxFor(t), ours.ID, vmcloud.Gone); err != nil {
-		t.Fatalf("the planted instance with berth's tag was not swept: %v", err)
+	// A stopped one is still billed, with its volumes: the sweeper lists and ends it too.
+	stopped, err := provider.Launch(context.Background(), berthcloud.LaunchRequest{Token: "planted-2", Name: "planted-stopped",
+		Tags: map[string]string{berthcloud.TagInstallation: cm.Data["id"], berthcloud.TagPlatform: "linux-arm64"}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !eventWith(t, "LeakTerminated", ours.ID) {
-		t.Fatal("no LeakTerminated event names the swept instance")
+	if err := cloud().Stop(stopped.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{ours.ID, stopped.ID} {
+		if _, err := cloud().WaitFor(ctxFor(t), id, vmcloud.Gone); err != nil {
+			t.Fatalf("the planted instance %s with berth's tag was not swept: %v", id, err)
+		}
+		if !eventWith(t, "LeakTerminated", id) {
+			t.Fatalf("no LeakTerminated event names the swept instance %s", id)
+		}
 	}
 	if inst, _ := cloud().Instance(foreign.ID); inst.State == vmcloud.Gone {
 		t.Fatal("the sweeper terminated an instance of another installation")

@@ -169,10 +169,14 @@ func (p *Provider) Get(ctx context.Context, id string) (cloud.Instance, error) {
 	return cloud.Instance{}, p.failure("get", err)
 }
 
-// List returns the pending and running instances that carry every tag.
+// List returns the instances that carry every tag and are not terminated or on their way
+// there: pending, running, and stopping or stopped ones, which EC2 keeps (and bills, with
+// their volumes) until someone terminates them.
 func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.Instance, error) {
 	in := &ec2.DescribeInstancesInput{
-		Filters:    []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"pending", "running"}}},
+		Filters: []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{
+			string(types.InstanceStateNamePending), string(types.InstanceStateNameRunning),
+			string(types.InstanceStateNameStopping), string(types.InstanceStateNameStopped)}}},
 		MaxResults: aws.Int32(p.pageSize),
 	}
 	for _, k := range sortedKeys(tags) {
@@ -261,6 +265,8 @@ func (p *Provider) toInstance(in types.Instance) cloud.Instance {
 		case types.InstanceStateNameRunning:
 			inst.State = cloud.StateRunning
 			inst.Address = p.address(in)
+		case types.InstanceStateNameStopping, types.InstanceStateNameStopped:
+			inst.State = cloud.StateStopped
 		}
 	}
 	return inst

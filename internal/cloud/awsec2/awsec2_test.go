@@ -801,3 +801,47 @@ func sumValues(m map[string]int) int {
 	}
 	return n
 }
+
+// TestAStoppedInstanceIsReportedStoppedListedAndTerminated: EC2 keeps a stopped instance, and
+// bills it and its volumes, until it is terminated. Get says stopped (berth then terminates
+// it), List finds it (so the sweeper does too), and Terminate ends it: nothing is left.
+func TestAStoppedInstanceIsReportedStoppedListedAndTerminated(t *testing.T) {
+	srv, p := setup(t)
+	ctx := testContext(t)
+	tags := map[string]string{cloud.TagInstallation: "a", cloud.TagPlatform: "linux-arm64"}
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: "stopped-1", Tags: tags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range srv.Instances() {
+		if i.ID == inst.ID {
+			if _, err := srv.Machines().WaitFor(ctx, i.MachineID, vmcloud.Running); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := srv.StopFromConsole(inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Get(ctx, inst.ID)
+	if err != nil || got.State != cloud.StateStopped || got.Address != "" {
+		t.Fatalf("get: %+v, %v; want stopped, without an address", got, err)
+	}
+	listed, err := p.List(ctx, tags)
+	if err != nil || len(listed) != 1 || listed[0].ID != inst.ID || listed[0].State != cloud.StateStopped {
+		t.Fatalf("list: %+v, %v; want the stopped instance", listed, err)
+	}
+	var states []string
+	for k, v := range lastCall(t, srv, "DescribeInstances").Params {
+		if strings.HasPrefix(k, "Filter.1.Value.") {
+			states = append(states, v...)
+		}
+	}
+	if slices.Sort(states); !slices.Equal(states, []string{"pending", "running", "stopped", "stopping"}) {
+		t.Errorf("List asked for the states %v", states)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	noneLeft(t, srv, 1)
+}

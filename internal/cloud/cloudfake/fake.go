@@ -79,6 +79,15 @@ func (p *Provider) Start() {
 	}
 }
 
+// Stop stops an instance as someone in the console would: the cloud keeps it, stopped.
+func (p *Provider) Stop(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i, ok := p.instances[id]; ok && i.State != cloud.StateGone {
+		i.State, i.Address = cloud.StateStopped, ""
+	}
+}
+
 // Vanish forgets an instance as if the cloud lost it.
 func (p *Provider) Vanish(id string) {
 	p.mu.Lock()

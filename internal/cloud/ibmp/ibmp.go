@@ -346,10 +346,11 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 }
 
 // observe turns what the API says of an instance into berth's view. An instance that failed
-// (ERROR) or was shut off is of no use to berth but still held and billed, and once berth
-// hears it is gone it forgets it: so the provider deletes it here, best effort, and the next
-// look finds it deleting or deleted. An instance that is up is running only once its boot
-// volume has the platform's disk size; the error is that of the volume calls.
+// (ERROR) is of no use to berth but still held and billed, and once berth hears it is gone it
+// forgets it: so the provider deletes it here, best effort, and the next look finds it
+// deleting or deleted. One shut off (SHUTOFF) is stopped: berth's VM loop or sweeper
+// terminates it, and retries until that holds. An instance that is up is running only once
+// its boot volume has the platform's disk size; the error is that of the volume calls.
 func (p *Provider) observe(ctx context.Context, op string, v view, tags map[string]string) (cloud.Instance, error) {
 	inst := cloud.Instance{ID: v.id, Token: tokenOf(v.name), Address: p.address(v.networks), LaunchedAt: v.created}
 	if len(tags) > 0 {
@@ -368,7 +369,9 @@ func (p *Provider) observe(ctx context.Context, op string, v view, tags map[stri
 				inst.State = cloud.StateRunning
 			}
 		}
-	case "ERROR", "SHUTOFF":
+	case "SHUTOFF":
+		inst.State = cloud.StateStopped
+	case "ERROR":
 		inst.State = cloud.StateGone
 		// Every instance observed is berth's: found by its id, its name or its group's prefix.
 		_ = p.Terminate(ctx, v.id) // a failure here leaves it for the next look

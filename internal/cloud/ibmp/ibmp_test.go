@@ -758,42 +758,39 @@ func TestAddressIsTheExternalIPOnAPublicNetwork(t *testing.T) {
 	}
 }
 
-func TestShutoffIsGoneAndDeleted(t *testing.T) {
+func TestShutoffIsStoppedListedAndDeleted(t *testing.T) {
 	r := newRig(t)
 	p := r.provider()
 	ctx := context.Background()
 	tg := tags("inst-a", "linux/ppc64le")
-	seenByGet, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tg})
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: token, Tags: tg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	seenByList, err := p.Launch(ctx, cloud.LaunchRequest{Token: "1f8c6a0e-1b2c-4d3e-9f00-123456789abc-0", Tags: tg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitRunning(t, p, seenByGet.ID)
-	waitRunning(t, p, seenByList.ID)
+	waitRunning(t, p, inst.ID)
 
-	// Stopped from the console: Power VS keeps both, SHUTOFF, and bills them.
-	for _, id := range []string{seenByGet.ID, seenByList.ID} {
-		if err := r.api.Shutoff(id); err != nil {
-			t.Fatal(err)
-		}
+	// Stopped from the console: Power VS keeps it, SHUTOFF, and bills it until it is deleted.
+	if err := r.api.Shutoff(inst.ID); err != nil {
+		t.Fatal(err)
 	}
-	got, err := p.Get(ctx, seenByGet.ID)
-	if err != nil || got.State != cloud.StateGone || got.Address != "" {
-		t.Fatalf("a shut-off instance: %+v, %v; want gone", got, err)
+	got, err := p.Get(ctx, inst.ID)
+	if err != nil || got.State != cloud.StateStopped || got.Address != "" {
+		t.Fatalf("a shut-off instance: %+v, %v; want stopped, without an address", got, err)
 	}
 	list, err := p.List(ctx, tg)
-	if err != nil || len(list) != 0 {
-		t.Fatalf("list: %+v, %v; want nothing", list, err)
+	if err != nil || len(list) != 1 || list[0].ID != inst.ID || list[0].State != cloud.StateStopped {
+		t.Fatalf("list: %+v, %v; want the stopped instance, so that the sweeper finds it", list, err)
 	}
-	// The provider deleted both: nothing is left in the workspace, and no machine runs.
+	if left := r.api.Instances(); len(left) != 1 {
+		t.Fatalf("instances in the workspace: %+v; a look must not delete it behind its record", left)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Deleted: nothing is left in the workspace, and no machine runs.
 	if left := r.api.Instances(); len(left) != 0 {
 		t.Errorf("instances left in the workspace: %+v", left)
 	}
-	for _, id := range []string{seenByGet.ID, seenByList.ID} {
-		_, err := p.Get(ctx, id)
-		wantKind(t, err, cloud.NotFound)
-	}
+	_, err = p.Get(ctx, inst.ID)
+	wantKind(t, err, cloud.NotFound)
 }

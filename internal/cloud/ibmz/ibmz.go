@@ -277,8 +277,9 @@ func (p *Provider) Get(ctx context.Context, id string) (cloud.Instance, error) {
 	return p.toInstance(inst, address), nil
 }
 
-// List returns the platform's instances that may still serve. On the way it deletes what
-// nobody else ever will: the platform's instances that failed or stopped (berth sees them
+// List returns the platform's instances not yet gone: those that may still serve, and
+// stopped ones, which the VPC keeps (and bills) until berth deletes them. On the way it
+// deletes what nobody else ever will: the platform's instances that failed (berth sees them
 // gone and launches anew, so no record ends them) and its floating IPs left unbound by an
 // instance that went without berth (deleted in the console, say). The sweeper calls List.
 func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.Instance, error) {
@@ -324,11 +325,11 @@ func (p *Provider) List(ctx context.Context, tags map[string]string) ([]cloud.In
 	}
 	out := []cloud.Instance{}
 	for _, inst := range ours {
-		status := deref(inst.Status)
-		if !liveState(status) {
-			if status != vpcv1.InstanceStatusDeletingConst {
-				p.remove(ctx, svc, op, inst) // best effort, as above
-			}
+		switch status := deref(inst.Status); {
+		case status == vpcv1.InstanceStatusFailedConst:
+			p.remove(ctx, svc, op, inst) // best effort, as above
+			continue
+		case status == vpcv1.InstanceStatusDeletingConst:
 			continue
 		}
 		address := ""
@@ -649,8 +650,13 @@ func (p *Provider) toInstance(inst *vpcv1.Instance, floating string) cloud.Insta
 		out.State = cloud.StateRunning
 	case liveState(status):
 		out.State = cloud.StatePending
-	default:
+	case status == vpcv1.InstanceStatusFailedConst || status == vpcv1.InstanceStatusDeletingConst:
 		out.State = cloud.StateGone
+	default:
+		// Stopped or stopping; or a status this berth does not know (the API says its
+		// enumerations may grow): not serving and not known gone, so berth deletes it rather
+		// than forget it.
+		out.State = cloud.StateStopped
 	}
 	if out.State != cloud.StateRunning {
 		return out

@@ -561,3 +561,45 @@ func TestSetup(t *testing.T) {
 		t.Fatalf("%d launched from bad settings", w.machines.LaunchCount())
 	}
 }
+
+// TestAStoppedInstanceIsReportedStoppedListedAndDeleted: the VPC keeps a stopped instance,
+// with its floating IP, and bills them until it is deleted. Get says stopped (berth then ends
+// it), List finds it (so the sweeper does too), and Terminate leaves nothing in the account.
+func TestAStoppedInstanceIsReportedStoppedListedAndDeleted(t *testing.T) {
+	w := setup(t, vpcfake.Options{})
+	p := w.provider(t, map[string]string{"private-ip": "false"})
+	ctx := testContext(t)
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: "stop-1", Tags: tags("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, ctx, p, inst.ID)
+	if err := w.vpc.StopInstance(inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Get(ctx, inst.ID)
+	if err != nil || got.State != cloud.StateStopped || got.Address != "" {
+		t.Fatalf("get: %+v, %v; want stopped, without an address", got, err)
+	}
+	listed, err := p.List(ctx, tags("a"))
+	if err != nil || len(listed) != 1 || listed[0].ID != inst.ID || listed[0].State != cloud.StateStopped {
+		t.Fatalf("list: %+v, %v; want the stopped instance", listed, err)
+	}
+	if n := len(w.vpc.Instances()); n != 1 {
+		t.Fatalf("List deleted the stopped instance (%d left): its record's owner must end it", n)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left := w.vpc.Instances(); len(left) != 0 {
+		t.Errorf("instances left in the account: %+v", left)
+	}
+	if left := w.vpc.FloatingIPs(); len(left) != 0 {
+		t.Errorf("floating IPs left in the account: %+v", left)
+	}
+	for _, m := range w.machines.Instances() {
+		if m.State != vmcloud.Gone {
+			t.Errorf("machine %s is %s at the end", m.ID, m.State)
+		}
+	}
+}

@@ -16,7 +16,7 @@ var (
 	}, []string{"platform"})
 	lost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_vm_lost_total",
-		Help: "Instances the cloud lost (gone without berth terminating them), by platform.",
+		Help: "Instances the cloud lost or someone stopped (gone or stopped without berth ending them), by platform.",
 	}, []string{"platform"})
 	leaks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_vm_leaks_terminated_total",

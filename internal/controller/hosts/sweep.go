@@ -76,7 +76,10 @@ func (s *sweeper) sweep(ctx context.Context) error {
 				continue
 			}
 			leaks.WithLabelValues(platform).Inc()
-			s.recorder.Eventf(s.installation.object(), nil, corev1.EventTypeWarning, "LeakTerminated", "Sweep",
+			// Every leak's Event regards the installation's ConfigMap: the instance goes into
+			// the action too, as the events library folds Events that differ only in their
+			// note into one series that keeps the first note, and each leak must be named.
+			s.recorder.Eventf(s.installation.object(), nil, corev1.EventTypeWarning, "LeakTerminated", "Terminate "+inst.ID,
 				"instance %s of platform %s (record %s) had no record of berth's: terminated", inst.ID, platform, recordTag(inst.Tags))
 		}
 	}

@@ -156,6 +156,8 @@ func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	}
 	inst, err := p.Get(ctx, st.ID)
 	switch {
+	case err == nil && inst.State == cloud.StateStopped:
+		return v.stopped(ctx, rec, "while it booted")
 	case cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone):
 		return v.relaunch(ctx, rec, fmt.Sprintf("instance %s was lost while it booted", st.ID))
 	case err != nil && overdue:
@@ -221,6 +223,20 @@ func (v *vmLoop) relaunch(ctx context.Context, rec *berthv1.BuildHost, why strin
 	return v.launch(ctx, next)
 }
 
+// stopped ends a VM someone stopped (in the console, with another tool, or the cloud on an
+// interruption that stops rather than terminates). A stopped VM serves no task, yet its cloud
+// keeps it and its volumes, and bills them, until it is terminated; nobody but berth knows it
+// is berth's to end. It counts as lost, and it is terminated as any retired VM is: the
+// decision goes into the spec first, so a crash or a refused Terminate is retried from the
+// record, never forgotten. The planner launches anew for the tasks still waiting.
+func (v *vmLoop) stopped(ctx context.Context, rec *berthv1.BuildHost, when string) (reconcile.Result, error) {
+	platform := rec.Spec.Instance.Platform
+	why := fmt.Sprintf("instance %s was stopped %s; a stopped VM serves no task and is still billed", rec.Status.Instance.ID, when)
+	v.warn(rec, "InstanceStopped", "%s: terminating it", why)
+	lost.WithLabelValues(platform).Inc()
+	return v.startTerminating(ctx, rec, why)
+}
+
 // ready keeps a ready VM in the ledger, and notices when the cloud has lost it.
 func (v *vmLoop) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in := rec.Spec.Instance
@@ -231,6 +247,9 @@ func (v *vmLoop) ready(ctx context.Context, rec *berthv1.BuildHost) (reconcile.R
 		return reconcile.Result{RequeueAfter: interval}, nil
 	}
 	inst, err := p.Get(ctx, rec.Status.Instance.ID)
+	if err == nil && inst.State == cloud.StateStopped {
+		return v.stopped(ctx, rec, "while it was ready")
+	}
 	if cloud.KindOf(err) == cloud.NotFound || (err == nil && inst.State == cloud.StateGone) {
 		v.warn(rec, "InstanceLost", "instance %s of platform %s is gone from the cloud; its tasks fail and nothing is owed to it any more", rec.Status.Instance.ID, in.Platform)
 		lost.WithLabelValues(in.Platform).Inc()

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -811,5 +812,73 @@ func TestABootingRecordWithoutALaunchTimeCountsFromItsCreation(t *testing.T) {
 	w.mustReconcile(o, name)
 	if rec := w.record(name); rec != nil {
 		t.Errorf("past the allocation timeout from its creation the record stays: %+v", rec.Status.Instance)
+	}
+}
+
+// TestAVMSomeoneStoppedIsTerminatedAndCountedLost: a ready VM stopped in the console serves
+// no task and is still billed. Berth takes it out of service, terminates it (retrying a
+// refused Terminate from the record), counts it lost, and keeps nothing of it.
+func TestAVMSomeoneStoppedIsTerminatedAndCountedLost(t *testing.T) {
+	w := newVMWorld(t, false)
+	o := w.owner(w.api)
+	rec := w.readyVM(o)
+	name, id := rec.Name, rec.Status.Instance.ID
+	if g := o.Capacity.Acquire(allocation.Request{Task: w.task, Platform: vmPlatform}); g.Host != name {
+		t.Fatalf("the task got %+v, want %s", g, name)
+	}
+	lostBefore := testutil.ToFloat64(lost.WithLabelValues(vmPlatform))
+
+	w.cloud.Stop(id)
+	w.cloud.FailNext("terminate", cloud.Errorf(cloud.Transient, "terminate", "the API timed out"))
+	res := w.mustReconcile(o, name)
+	rec = w.record(name)
+	if rec == nil || phaseOf(rec) != berthv1.InstanceTerminating || !strings.Contains(rec.Spec.Instance.Retire, "stopped") {
+		t.Fatalf("after a refused Terminate of the stopped VM: %+v; want it terminating, the reason in its spec", rec)
+	}
+	if res.RequeueAfter <= 0 {
+		t.Errorf("a refused Terminate is not retried: %+v", res)
+	}
+	if alive := w.cloud.Alive(); len(alive) != 1 || alive[0].State != cloud.StateStopped {
+		t.Fatalf("instances: %+v; want the stopped one, still there", alive)
+	}
+	other := allocation.Task{Namespace: "tenant", Name: "build-2"}
+	if g := o.Capacity.Acquire(allocation.Request{Task: other, Platform: vmPlatform}); g.Host == name {
+		t.Fatalf("a new task was given the stopped VM: %+v", g)
+	}
+
+	w.mustReconcile(o, name)
+	w.terminated(o, name, "was stopped while it was ready")
+	if ev := w.events.on(name, "InstanceStopped"); len(ev) != 1 || !strings.Contains(ev[0].note, id) {
+		t.Errorf("InstanceStopped events: %+v; want one naming %s", ev, id)
+	}
+	if got := testutil.ToFloat64(lost.WithLabelValues(vmPlatform)) - lostBefore; got != 1 {
+		t.Errorf("lost counted %v times, want once", got)
+	}
+}
+
+// TestAVMStoppedWhileBootingIsTerminatedAndItsTaskGetsAnother: the stopped instance is ended,
+// and the planner launches a new one for the task still waiting.
+func TestAVMStoppedWhileBootingIsTerminatedAndItsTaskGetsAnother(t *testing.T) {
+	w := newVMWorld(t, false)
+	w.cloud.Pending = true
+	o := w.owner(w.api)
+	first := w.plan(o).Name
+	w.mustReconcile(o, first)
+	stoppedID := w.record(first).Status.Instance.ID
+	w.cloud.Stop(stoppedID)
+
+	w.mustReconcile(o, first)
+	w.terminated(o, first, "was stopped while it booted")
+	next := w.plan(o)
+	if next.Name == first {
+		t.Fatalf("the stopped VM's record %s came back", first)
+	}
+	w.cloud.Pending = false
+	w.mustReconcile(o, next.Name)
+	if rec := w.record(next.Name); phaseOf(rec) != berthv1.InstanceReady || rec.Status.Instance.ID == stoppedID {
+		t.Fatalf("the new VM: %+v; want a ready one other than %s", rec.Status.Instance, stoppedID)
+	}
+	if g := o.Capacity.Acquire(allocation.Request{Task: w.task, Platform: vmPlatform}); g.Host != next.Name {
+		t.Fatalf("the waiting task got %+v, want %s", g, next.Name)
 	}
 }

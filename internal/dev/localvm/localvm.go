@@ -165,7 +165,7 @@ func (p *Provider) AdminUser() string { return adminUser }
 func toInstance(op string, a instanceJSON) (cloud.Instance, error) {
 	state := cloud.State(a.State)
 	switch state {
-	case cloud.StatePending, cloud.StateRunning, cloud.StateGone:
+	case cloud.StatePending, cloud.StateRunning, cloud.StateGone, cloud.StateStopped:
 	default:
 		return cloud.Instance{}, cloud.Errorf(cloud.Transient, op, "instance %s is in state %q, which berth does not know", a.ID, a.State)
 	}

@@ -98,7 +98,8 @@ func setRequestID(answer any, id string) {
 	}
 }
 
-var stateCodes = map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48}
+// stateCodes are EC2's instance state codes (InstanceState in the EC2 API reference).
+var stateCodes = map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
 
 func state(name string) stateXML { return stateXML{Code: stateCodes[name], Name: name} }
 

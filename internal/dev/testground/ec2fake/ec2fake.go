@@ -13,7 +13,7 @@
 // leaves the machines to a *vmcloud.Cloud: a new RunInstances launches one there, and the
 // cloud's faults (no capacity, quota, slow or failed boots) show through as EC2 would show
 // them. Its own faults are the API's: 5xx answers, throttling, revoked keys, actions IAM
-// denies (UnauthorizedOperation) and instances terminated from the console.
+// denies (UnauthorizedOperation) and instances stopped or terminated from the console.
 //
 // Where it is simpler than EC2: one instance per RunInstances (MaxCount 1), no
 // eventual consistency, instance types, security groups and profiles are taken as given,
@@ -91,7 +91,7 @@ type Instance struct {
 	// MachineID is the instance's id in the vmcloud.
 	MachineID   string
 	ClientToken string
-	// State is EC2's: pending, running, shutting-down or terminated.
+	// State is EC2's: pending, running, stopped, shutting-down or terminated.
 	State        string
 	PrivateIP    string
 	PublicIP     string
@@ -327,6 +327,19 @@ func (s *Server) TerminateFromConsole(id string) error {
 	return nil
 }
 
+// StopFromConsole stops an instance behind its launcher's back, as someone in the AWS console
+// would (or a Spot interruption that stops rather than terminates): EC2 keeps it, stopped,
+// with its volumes, until it is terminated.
+func (s *Server) StopFromConsole(id string) error {
+	s.mu.Lock()
+	inst := s.instances[id]
+	s.mu.Unlock()
+	if inst == nil {
+		return fmt.Errorf("ec2fake: no instance %s", id)
+	}
+	return s.machines.Stop(inst.machineID)
+}
+
 // HideNewInstances makes DescribeInstances and TerminateInstances answer
 // InvalidInstanceID.NotFound for instances launched less than d ago, as EC2 may for a few
 // seconds after RunInstances: its API is eventually consistent.
@@ -413,11 +426,13 @@ func (s *Server) view(inst *instance) Instance {
 		v.State = "pending"
 	case vmcloud.Running:
 		v.State = "running"
+	case vmcloud.Stopped:
+		v.State = "stopped"
 	default:
 		v.State = "terminated"
 	}
 	switch {
-	case v.State == "terminated":
+	case v.State == "terminated" || v.State == "stopped":
 	case inst.public:
 		v.PrivateIP, v.PublicIP = inst.privateIP, m.Address
 	default:

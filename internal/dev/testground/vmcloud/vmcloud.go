@@ -46,6 +46,9 @@ const (
 	Pending State = "pending" // launched, booting
 	Running State = "running" // its host answers SSH at Address:22
 	Gone    State = "gone"    // terminated, failed to boot, vanished or the cloud closed
+	// Stopped instances were stopped by someone (Stop): the host is down, the cloud keeps the
+	// instance, and would bill it, until it is terminated.
+	Stopped State = "stopped"
 )
 
 // Instance is a VM as the cloud keeps it.
@@ -440,7 +443,8 @@ func (v *vm) snapshot() Instance {
 	return inst
 }
 
-// active counts instances that hold quota: pending and running ones. The caller holds mu.
+// active counts instances that hold quota: every one not gone, stopped ones included (they are
+// kept until terminated). The caller holds mu.
 func (c *Cloud) active() int {
 	n := 0
 	for _, v := range c.order {
@@ -511,6 +515,33 @@ func (c *Cloud) SetQuota(max int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.quota = max
+}
+
+// Stop stops a pending or running instance as its owner would from the console: its host
+// stops (a boot under way never starts it), and the cloud keeps the instance, stopped and
+// without an address, until it is terminated. It returns once the host is down.
+func (c *Cloud) Stop(id string) error {
+	c.mu.Lock()
+	v := c.vms[id]
+	if v == nil || v.Vanished || (v.State != Pending && v.State != Running) || c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("vmcloud: no pending or running instance %s to stop", id)
+	}
+	v.State, v.Address, v.HostKey = Stopped, "", nil
+	h := v.host
+	v.host = nil
+	v.cancelBoot()
+	c.notify()
+	c.work.Add(1)
+	c.mu.Unlock()
+	defer c.work.Done()
+
+	<-v.booted // a boot under way stops its own host
+	c.logf("vmcloud: %s stopped", id)
+	if h != nil {
+		return h.Close()
+	}
+	return nil
 }
 
 // Vanish makes an instance disappear as if the cloud had lost it: its host stops, the API

@@ -252,6 +252,18 @@ func (s *Server) DeleteInstance(id string) error {
 	return nil
 }
 
+// StopInstance stops an instance as someone in the console would: the VPC keeps it, stopped,
+// with its volumes and floating IP, until it is deleted.
+func (s *Server) StopInstance(id string) error {
+	s.mu.Lock()
+	in := s.instances[id]
+	s.mu.Unlock()
+	if in == nil {
+		return fmt.Errorf("vpcfake: no instance %s", id)
+	}
+	return s.opts.Machines.Stop(in.MachineID)
+}
+
 // --- Introspection ---
 
 // Instances returns the instances the API knows, in creation order.
@@ -681,6 +693,8 @@ func (s *Server) refresh(id string) *instance {
 				in.PrimaryIP = s.privateAddress()
 			}
 		}
+	case vmcloud.Stopped:
+		in.Status = "stopped"
 	default:
 		in.Status, in.StatusReason = "failed", "cannot_start"
 	}
