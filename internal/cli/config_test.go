@@ -95,6 +95,51 @@ func TestWarningsAloneExitZero(t *testing.T) {
 	}
 }
 
+// TestValidateRunsTheProvidersChecks: a platform whose provider would refuse its keys (gp3 gives
+// 0.25 MiB/s of throughput per IOPS, so 2000 MiB/s needs 8000 IOPS) is unusable at validate,
+// as in the controller at load, with the key and the rule; the other platform stays usable.
+func TestValidateRunsTheProvidersChecks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cm.yaml")
+	aws := func(label string) string {
+		return strings.NewReplacer("LABEL", label).Replace(`
+  dynamic.LABEL.type: aws
+  dynamic.LABEL.region: us-east-1
+  dynamic.LABEL.ami: ami-0123456789abcdef0
+  dynamic.LABEL.instance-type: m6g.large
+  dynamic.LABEL.key-name: builders
+  dynamic.LABEL.aws-secret: aws-account
+  dynamic.LABEL.ssh-secret: aws-ssh
+  dynamic.LABEL.max-instances: "4"`)
+	}
+	os.WriteFile(path, []byte(`apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, labels: {`+hostconfig.ConfigLabel+`: x}}
+data:
+  dynamic-platforms: linux/arm64,linux/amd64`+aws("linux-arm64")+`
+  dynamic.linux-arm64.iops: "3000"
+  dynamic.linux-arm64.throughput: "2000"`+aws("linux-amd64")+`
+  dynamic.linux-amd64.iops: "8000"
+  dynamic.linux-amd64.throughput: "2000"
+`), 0o600)
+	out, err := berth(t, "config", "validate", "-f", path)
+	if !errors.Is(err, errInvalidConfig) {
+		t.Fatalf("want errInvalidConfig (non-zero exit), got %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"linux/amd64  dynamic   4         yes",
+		"linux/arm64  dynamic   0         NO      error: dynamic.linux-arm64.throughput: 2000 MiB/s needs at least 8000 iops",
+		"error: dynamic.linux-arm64.throughput: 2000 MiB/s needs at least 8000 iops: gp3 allows 0.25 MiB/s per provisioned IOPS (iops is 3000)\n",
+		": 1 of 2 platform(s) usable; 1 error(s), 0 warning(s)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "throughput") != 2 {
+		t.Errorf("want the problem once in the table and once in the list:\n%s", out)
+	}
+}
+
 func TestValidateLiveConfigChecksSecrets(t *testing.T) {
 	ctx := context.Background()
 	ns := "live-validate"

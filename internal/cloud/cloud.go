@@ -162,7 +162,11 @@ type Settings struct {
 	Secret SecretReader
 }
 
-// Factory builds a provider of one type.
+// Factory builds a provider of one type. It checks the settings, every one it knows, and
+// returns an error of kind BadConfig naming the platform and the key for the first it refuses
+// ("platform linux/arm64: throughput: ..."). It must do nothing else: no call to the cloud, no
+// read of a Secret, nothing started. Check runs it at every config load, with a SecretReader
+// that refuses every read, and drops what it builds.
 type Factory func(s Settings) (Provider, error)
 
 var (
@@ -190,6 +194,35 @@ func New(typ string, s Settings) (Provider, error) {
 		return nil, Errorf(BadConfig, "setup", "this berth has no provider of type %q (it has %v)", typ, Types())
 	}
 	return f(s)
+}
+
+// Check tells whether a platform's provider keys would build a provider of type typ, without
+// credentials, network or a client that is ever used: it runs the type's factory (which only
+// checks and keeps its settings, see Factory) with a SecretReader that refuses every read,
+// and drops the provider. The error is the factory's, of kind BadConfig, naming the platform
+// and the key. A type this berth has no provider of is not an error here: config.Parse
+// reports unknown types itself, and a type berth knows but this binary does not link (the
+// test ground's local-vm in the production berth) is judged where it is linked. Nor is an
+// error of another kind (an Auth error of a factory that tried to read a Secret): it says
+// nothing of the settings.
+func Check(typ, platform string, values map[string]string) error {
+	mu.RLock()
+	f, ok := factories[typ]
+	mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	_, err := f(Settings{Platform: platform, Values: maps.Clone(values), Secret: noSecrets})
+	if err != nil && KindOf(err) == BadConfig {
+		return err
+	}
+	return nil
+}
+
+// noSecrets is the SecretReader of Check: settings are checked without credentials. A
+// factory that read one anyway would get an Auth error, which Check does not report.
+func noSecrets(context.Context, string) (map[string][]byte, error) {
+	return nil, fmt.Errorf("settings are checked without reading Secrets: %w", ErrSecretForbidden)
 }
 
 // Types lists the registered provider types.

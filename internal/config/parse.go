@@ -374,10 +374,65 @@ func (p *parser) parseDynamic() {
 				d.Settings[field] = v
 			}
 		}
+		p.checkProvider(platform, d, provider, fail)
 		if s := p.cfg.Platforms[platform]; (s == StrategyDynamic || s == StrategyDynamicPool) && len(p.cfg.broken[platform]) == 0 {
 			p.cfg.Dynamic[platform] = d
 		}
 	}
+}
+
+// ProviderCheck, when set, checks a dynamic platform's provider keys (its Settings) as the
+// provider of its type does when berth builds it: gp3's volume limits, the shape of an AMI id
+// or a CRN, and the like. Parse reports its error as the platform's, so a platform the
+// provider would refuse is unusable at load, not at its first task. The berth binary sets it
+// to cloud.Check (internal/controller/providers.go): this package knows no cloud. Set it
+// before any Parse, never while one may run. A nil ProviderCheck checks nothing.
+//
+// The error should name the platform and then the key, as the providers' do ("setup: bad
+// configuration: platform linux/arm64: throughput: 2000 MiB/s needs ..."): the problem is
+// then that key's. A type the checker does not know is no error of it (Parse reports unknown
+// types).
+var ProviderCheck func(typ, platform string, settings map[string]string) error
+
+// checkProvider asks ProviderCheck about d's provider keys. It does not ask when the type is
+// unknown or when a provider key already has an error, so that one mistake makes one problem:
+// the provider would only say again that a required key is missing or a bool is malformed.
+func (p *parser) checkProvider(platform Platform, d *DynamicPlatform, keys map[string]field, fail func(field, format string, args ...any)) {
+	if ProviderCheck == nil || keys == nil {
+		return
+	}
+	for _, problem := range p.cfg.broken[platform] {
+		for field := range keys {
+			if problem.Key == dynamicKey(platform, field) {
+				return
+			}
+		}
+	}
+	err := ProviderCheck(d.Type, string(platform), maps.Clone(d.Settings))
+	if err == nil {
+		return
+	}
+	field, msg := providerProblem(err.Error(), platform, d.Type, keys)
+	fail(field, "%s", msg)
+}
+
+// providerProblem finds the key a provider's error is about and what it says of it. The
+// providers' errors name the platform and then the key, followed by a colon or a space:
+// "... platform linux/arm64: throughput: 2000 MiB/s needs ..." or "... platform linux/s390x:
+// disk "5" is not ...". An error that names no key of the type is the type's.
+func providerProblem(msg string, platform Platform, typ string, keys map[string]field) (field, message string) {
+	rest := msg
+	if _, after, found := strings.Cut(msg, "platform "+string(platform)+": "); found {
+		rest = after
+	}
+	if end := strings.IndexAny(rest, ": "); end > 0 {
+		if _, ok := keys[rest[:end]]; ok {
+			if said := strings.TrimSpace(strings.TrimPrefix(rest[end:], ":")); said != "" {
+				return rest[:end], said
+			}
+		}
+	}
+	return "type", fmt.Sprintf("the %s provider refuses these settings: %s", typ, rest)
 }
 
 // misplacedField explains a field that belongs somewhere else, or returns "". The

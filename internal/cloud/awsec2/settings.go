@@ -2,6 +2,7 @@ package awsec2
 
 import (
 	"encoding/base64"
+	"fmt"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -22,6 +23,31 @@ const (
 	defaultDisk = 40
 	// maxUserData is EC2's limit on user data, before base64.
 	maxUserData = 16 << 10
+)
+
+// The root volume is gp3 (runInput), so disk, iops and throughput are held to gp3's limits.
+// The ranges are the EC2 API Reference's, for EbsBlockDevice (VolumeSize, Iops, Throughput)
+// and CreateVolume (Size, Iops, Throughput):
+// https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html
+// https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVolume.html
+// AWS raised them in September 2025 (from 16 TiB, 16,000 IOPS and 1,000 MiB/s); older pages
+// and SDK docs still give the old figures. The ratios are the Amazon EBS User Guide's
+// (the API reference does not give them), and EC2 refuses a request past them with
+// InvalidParameterValue ("Iops to volume size ratio ... maximum is 500", "Throughput (MiBps)
+// to iops ratio ... maximum is 0.250000 MiBps per iops"):
+// https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html#gp3-performance
+const (
+	gp3MinDisk, gp3MaxDisk             = 1, 65536 // GiB
+	gp3MinIOPS, gp3MaxIOPS             = 3000, 80000
+	gp3MinThroughput, gp3MaxThroughput = 125, 2000 // MiB/s
+	// gp3BaselineIOPS is what every gp3 volume gets, whatever its size, and EC2's default
+	// when the request sets no Iops.
+	gp3BaselineIOPS = 3000
+	// gp3IOPSPerGiB: IOPS above the baseline are provisioned at up to 500 per GiB of size.
+	gp3IOPSPerGiB = 500
+	// gp3IOPSPerMiBps: throughput is provisioned at up to 0.25 MiB/s per provisioned IOPS,
+	// that is, each MiB/s needs 4 IOPS.
+	gp3IOPSPerMiBps = 4
 )
 
 // launchSettings are a platform's provider keys, checked, as RunInstances takes them.
@@ -111,28 +137,31 @@ func parseSettings(platform string, values map[string]string) (launchSettings, e
 		}
 		s.strictPublicAddress = b
 	}
-	intKey := func(key string, lo, hi int64) (*int32, error) {
+	intKey := func(key string, lo, hi int64, unit string) (*int32, error) {
 		raw := get(key)
 		if raw == "" {
 			return nil, nil
 		}
 		n, err := strconv.ParseInt(raw, 10, 32)
 		if err != nil || n < lo || n > hi {
-			return nil, bad(key, "%q is not a whole number from %d to %d", raw, lo, hi)
+			return nil, bad(key, "%q is not a whole number from %d to %d, the gp3 limits in %s", raw, lo, hi, unit)
 		}
 		return aws.Int32(int32(n)), nil
 	}
-	disk, err := intKey("disk", 1, 65536)
+	disk, err := intKey("disk", gp3MinDisk, gp3MaxDisk, "GiB")
 	if err != nil {
 		return s, err
 	}
 	if disk != nil {
 		s.disk = *disk
 	}
-	if s.iops, err = intKey("iops", 3000, 256000); err != nil {
+	if s.iops, err = intKey("iops", gp3MinIOPS, gp3MaxIOPS, "IOPS"); err != nil {
 		return s, err
 	}
-	if s.throughput, err = intKey("throughput", 125, 2000); err != nil {
+	if s.throughput, err = intKey("throughput", gp3MinThroughput, gp3MaxThroughput, "MiB/s"); err != nil {
+		return s, err
+	}
+	if err := checkVolume(s, disk != nil, bad); err != nil {
 		return s, err
 	}
 	if ud := values["user-data"]; strings.TrimSpace(ud) != "" {
@@ -156,6 +185,30 @@ func parseSettings(platform string, values map[string]string) (launchSettings, e
 		}
 	}
 	return s, nil
+}
+
+// checkVolume holds iops to the disk size and throughput to iops, by gp3's ratios.
+// diskSet says whether the config set disk (else it is defaultDisk).
+func checkVolume(s launchSettings, diskSet bool, bad func(key, format string, args ...any) error) error {
+	disk := int64(s.disk)
+	diskNote := fmt.Sprintf("disk is %d GiB", disk)
+	if !diskSet {
+		diskNote = fmt.Sprintf("%d GiB when disk is unset", disk)
+	}
+	iops, iopsNote := int64(gp3BaselineIOPS), fmt.Sprintf("%d when iops is unset", gp3BaselineIOPS)
+	if s.iops != nil {
+		iops, iopsNote = int64(*s.iops), fmt.Sprintf("iops is %d", *s.iops)
+	}
+	// The baseline needs no size: a 1 GiB volume has 3000 IOPS too.
+	if s.iops != nil && iops > gp3BaselineIOPS && iops > gp3IOPSPerGiB*disk {
+		return bad("iops", "%d needs a disk of at least %d GiB: gp3 allows %d IOPS per GiB of volume size (%s)",
+			iops, (iops+gp3IOPSPerGiB-1)/gp3IOPSPerGiB, gp3IOPSPerGiB, diskNote)
+	}
+	if s.throughput != nil && int64(*s.throughput)*gp3IOPSPerMiBps > iops {
+		return bad("throughput", "%d MiB/s needs at least %d iops: gp3 allows 0.25 MiB/s per provisioned IOPS (%s)",
+			*s.throughput, int64(*s.throughput)*gp3IOPSPerMiBps, iopsNote)
+	}
+	return nil
 }
 
 // runInput is the RunInstances request of one launch. Tags are sorted so that a repeat of
