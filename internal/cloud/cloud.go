@@ -88,6 +88,22 @@ type Provider interface {
 	AdminUser() string
 }
 
+// MinimumLifer is implemented by providers whose VMs hold hardware the account pays for a
+// minimum time from its allocation (EC2 Mac instances run on dedicated hosts, allocated for at
+// least 24 hours). Ending such a VM early to launch another pays for a second allocation and
+// waits for another long boot: berth's max-age retires no VM younger than MinimumLife.
+type MinimumLifer interface {
+	MinimumLife() time.Duration
+}
+
+// MinimumLife is p's MinimumLife, or 0 for a provider without one.
+func MinimumLife(p Provider) time.Duration {
+	if m, ok := p.(MinimumLifer); ok {
+		return m.MinimumLife()
+	}
+	return 0
+}
+
 // Kind says what berth should do about a failed call.
 type Kind int
 

@@ -35,8 +35,15 @@ func ParsePlatform(s string) (Platform, error) {
 // Label is the platform as it appears in config keys and label values: '/' becomes '-'.
 func (p Platform) Label() string { return strings.ReplaceAll(string(p), "/", "-") }
 
-// OS is the part before '/' ("linux", "windows", "darwin"; "linux-mlarge" for sized variants).
+// OS is the operating system the platform's hosts run: the part before '/' up to its first
+// '-', as sized variants name it ("linux-large/s390x" → "linux", "windows-4xlarge/amd64" →
+// "windows"); macOS is "darwin", whether the platform says darwin or, as production names
+// its EC2 Mac platforms, macos ("macos-mac2metal/arm64").
 func (p Platform) OS() string {
 	osName, _, _ := strings.Cut(string(p), "/")
+	osName, _, _ = strings.Cut(osName, "-")
+	if osName == "macos" {
+		return "darwin"
+	}
 	return osName
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf16"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/remote"
 )
 
@@ -16,11 +17,9 @@ import (
 // repaired; the record names it first; nothing the admin writes goes through a path the build
 // user could have planted; the host only receives the public key.
 
-// OS is the operating system part of a platform ("linux/s390x" → "linux").
-func OS(platform string) string {
-	os, _, _ := strings.Cut(platform, "/")
-	return os
-}
+// OS is the operating system a platform's hosts run (see config.Platform.OS): "windows",
+// "darwin" or "linux".
+func OS(platform string) string { return config.Platform(platform).OS() }
 
 // windowsUserRE: Windows limits local account names to 20 characters, so Windows build users
 // carry 12 hex digits of the TaskRun's UID: UIDs are random, and a collision would need two

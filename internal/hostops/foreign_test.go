@@ -221,3 +221,22 @@ func TestMacOSUserIsCreatedAndRemovedWithItsOwnTools(t *testing.T) {
 		t.Errorf("remove line %.200q", remove.Line)
 	}
 }
+
+// TestOSOfProductionPlatformNames: production names its Windows and EC2 Mac platforms with a
+// size (windows-4xlarge/amd64, macos-mac2metal/arm64); their hosts get Windows's and macOS's
+// tools, never Linux's.
+func TestOSOfProductionPlatformNames(t *testing.T) {
+	for platform, want := range map[string]string{
+		"linux/arm64": "linux", "linux-mlarge/amd64": "linux", "linux-g6xlarge/amd64": "linux",
+		"windows/amd64": "windows", "windows-4xlarge/amd64": "windows",
+		"darwin/arm64": "darwin", "macos/arm64": "darwin", "macos-mac2metal/arm64": "darwin",
+	} {
+		if got := OS(platform); got != want {
+			t.Errorf("OS(%s) = %s, want %s", platform, got, want)
+		}
+	}
+	uid := "6b1e8a4c-9f3d-4c7e-8a2b-8d0f4e7c3a56"
+	if got := UserNameFor("windows-4xlarge/amd64", uid, 1); got != UserNameFor("windows/amd64", uid, 1) || len(got) > 20 {
+		t.Errorf("the build user of windows-4xlarge/amd64 is %q: not Windows's short name", got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,14 +24,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/berth-ci/berth/internal/cloud"
+	"github.com/berth-ci/berth/internal/config"
 )
 
 func init() { cloud.Register("aws", New) }
 
 const (
-	// adminUser is who the RHEL and Fedora AMIs let in with the launch key pair; upstream
-	// logs in as the same user on every AWS platform.
+	// adminUser is who the RHEL, Fedora and macOS AMIs let in with the launch key pair;
+	// upstream logs in as the same user on every Linux and macOS platform.
 	adminUser = "ec2-user"
+	// windowsAdminUser is the administrator account of EC2's Windows AMIs; the Windows
+	// user-data production renders gives it the launch key pair's key
+	// (administrators_authorized_keys, from the instance metadata).
+	windowsAdminUser = "Administrator"
 
 	callTimeout = 30 * time.Second
 	// maxAttempts is how often the SDK tries a call that failed with a 5xx, a network error
@@ -210,7 +216,28 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	return p.failure("terminate", err)
 }
 
-func (p *Provider) AdminUser() string { return adminUser }
+// macHostMinimum is how long EC2 allocates a dedicated host for Mac instances at the least,
+// and bills it: "Dedicated Hosts for EC2 Mac instances have a minimum allocation period of
+// 24 hours" (Amazon EC2 User Guide, "Amazon EC2 Mac instances").
+const macHostMinimum = 24 * time.Hour
+
+// MinimumLife is 24 hours for EC2 Mac instance types (mac1.metal, mac2.metal, mac2-m2.metal,
+// mac-m4.metal, ...), which run only on dedicated hosts; 0 for the others.
+func (p *Provider) MinimumLife() time.Duration {
+	if family, _, _ := strings.Cut(p.settings.instanceType, "."); strings.HasPrefix(family, "mac") {
+		return macHostMinimum
+	}
+	return 0
+}
+
+// AdminUser is who berth logs in as: Administrator on a Windows platform (windows/*, and
+// sized variants such as windows-4xlarge/amd64), else ec2-user.
+func (p *Provider) AdminUser() string {
+	if config.Platform(p.platform).OS() == "windows" {
+		return windowsAdminUser
+	}
+	return adminUser
+}
 
 // describe runs DescribeInstances through every page.
 func (p *Provider) describe(ctx context.Context, in *ec2.DescribeInstancesInput) ([]cloud.Instance, error) {

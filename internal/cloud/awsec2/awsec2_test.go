@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -744,7 +745,7 @@ func TestRealConfigsBuildProviders(t *testing.T) {
 			Region: region, KeyPairs: slices.Collect(maps.Keys(keyPairs))})
 	}
 	ctx := testContext(t)
-	launched := 0
+	launched, windows, macs := 0, 0, 0
 	for i, c := range cases {
 		what := c.file + ": " + string(c.platform)
 		srv := servers[c.values["region"]]
@@ -766,6 +767,19 @@ func TestRealConfigsBuildProviders(t *testing.T) {
 				continue
 			}
 			launched++
+			sentKeys(t, what, lastCall(t, srv, "RunInstances").Params, v)
+			switch config.Platform(c.platform).OS() {
+			case "windows":
+				windows++
+				if p.AdminUser() != "Administrator" {
+					t.Errorf("%s: berth logs in as %s, want Administrator", what, p.AdminUser())
+				}
+			case "darwin":
+				macs++
+				if p.AdminUser() != "ec2-user" {
+					t.Errorf("%s: berth logs in as %s, want ec2-user", what, p.AdminUser())
+				}
+			}
 			if err := p.Terminate(ctx, inst.ID); err != nil {
 				t.Errorf("%s: terminate: %v", what, err)
 			}
@@ -785,11 +799,47 @@ func TestRealConfigsBuildProviders(t *testing.T) {
 	if n := len(cases) - sumValues(warnedIn); launched != n {
 		t.Errorf("%d of %d well-formed platforms launched", launched, n)
 	}
+	// ../shared/real/README.md: two rendered clusters run macOS on dedicated hosts and Windows.
+	if windows < 2 || macs < 2 {
+		t.Errorf("launched %d Windows and %d macOS platforms of the real configs, want at least 2 of each", windows, macs)
+	}
 	for region, srv := range servers {
 		for _, m := range srv.Machines().Instances() {
 			if m.State != vmcloud.Gone {
 				t.Errorf("%s: machine %s (%s) is %s at the end", region, m.ID, m.Token, m.State)
 			}
+		}
+	}
+}
+
+// wireFields are the RunInstances fields each provider key fills; "" for keys that shape the
+// call but no field of it (where it goes, with which credentials, how berth reads the answer).
+var wireFields = map[string]string{
+	"ami": "ImageId", "instance-type": "InstanceType", "key-name": "KeyName",
+	"security-group": "SecurityGroup.1", "security-group-id": "SecurityGroupId.1", "subnet-id": "SubnetId",
+	"instance-profile-name": "IamInstanceProfile.Name", "instance-profile-arn": "IamInstanceProfile.Arn",
+	"disk": "BlockDeviceMapping.1.Ebs.VolumeSize", "iops": "BlockDeviceMapping.1.Ebs.Iops",
+	"throughput": "BlockDeviceMapping.1.Ebs.Throughput", "user-data": "UserData",
+	"tenancy": "Placement.Tenancy", "host-resource-group-arn": "Placement.HostResourceGroupArn",
+	"license-configuration-arn": "LicenseSpecification.1.LicenseConfigurationArn",
+	"region":                    "", "aws-secret": "", "endpoint": "", "strict-public-address": "",
+}
+
+// sentKeys checks that every provider key a platform sets reached its RunInstances field as
+// it was configured, so no key of a real config is dropped on the way to EC2.
+func sentKeys(t *testing.T, what string, sent url.Values, values map[string]string) {
+	t.Helper()
+	for key, value := range values {
+		field, known := wireFields[key]
+		switch {
+		case !known:
+			t.Errorf("%s: key %s has no RunInstances field this test knows: add it to wireFields", what, key)
+		case field == "UserData":
+			if sent.Get(field) != base64.StdEncoding.EncodeToString([]byte(value)) {
+				t.Errorf("%s: user-data did not reach RunInstances byte for byte", what)
+			}
+		case field != "" && sent.Get(field) != strings.TrimSpace(value):
+			t.Errorf("%s: %s = %q reached RunInstances %s as %q", what, key, value, field, sent.Get(field))
 		}
 	}
 }
@@ -844,4 +894,21 @@ func TestAStoppedInstanceIsReportedStoppedListedAndTerminated(t *testing.T) {
 		t.Fatal(err)
 	}
 	noneLeft(t, srv, 1)
+}
+
+// TestMacInstancesHaveTheDedicatedHostsMinimumLife: EC2 Mac instances run on dedicated hosts
+// allocated for 24 hours at the least; other types have no minimum.
+func TestMacInstancesHaveTheDedicatedHostsMinimumLife(t *testing.T) {
+	srv := startEC2(t)
+	for typ, want := range map[string]time.Duration{
+		"mac1.metal": 24 * time.Hour, "mac2.metal": 24 * time.Hour, "mac2-m2.metal": 24 * time.Hour,
+		"mac2-m2pro.metal": 24 * time.Hour, "mac-m4.metal": 24 * time.Hour,
+		"m6g.large": 0, "c5.4xlarge": 0, "g6.xlarge": 0,
+	} {
+		v := values(srv.URL())
+		v["instance-type"] = typ
+		if got := cloud.MinimumLife(newTestProvider(t, v, goodSecrets())); got != want {
+			t.Errorf("%s: minimum life %s, want %s", typ, got, want)
+		}
+	}
 }

@@ -26,7 +26,12 @@ type Provider struct {
 	// Fail, if set, answers the next calls of an op ("launch", "get", ...) with an error.
 	fail map[string][]error
 	User string
+	// MinLife is the fake's MinimumLife: how long its VMs' hardware is billed at the least.
+	MinLife time.Duration
 }
+
+// MinimumLife is MinLife (see cloud.MinimumLifer).
+func (p *Provider) MinimumLife() time.Duration { return p.MinLife }
 
 // New returns an empty fake whose instances run at address.
 func New(address string) *Provider {

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/fleet"
@@ -99,8 +100,12 @@ func (p *planner) planAll(ctx context.Context) error {
 	}
 	for _, pl := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
 		d := cfg.Dynamic[pl]
+		var minLife time.Duration
+		if provider, err := p.providers.forPlatform(string(pl)); err == nil {
+			minLife = cloud.MinimumLife(provider)
+		}
 		note(p.plan(ctx, string(pl), fleet.Platform{
-			MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(),
+			MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(), MinLife: minLife,
 			Pooled: d.Pool != nil, Queued: len(p.capacity.Waiters(string(pl))), Paused: p.trouble.paused(string(pl)),
 		}, byPlatform[string(pl)], d))
 		delete(byPlatform, string(pl))

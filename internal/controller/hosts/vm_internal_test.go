@@ -882,3 +882,27 @@ func TestAVMStoppedWhileBootingIsTerminatedAndItsTaskGetsAnother(t *testing.T) {
 		t.Fatalf("the waiting task got %+v, want %s", g, next.Name)
 	}
 }
+
+// TestMaxAgeSparesAVMWithinItsHardwaresMinimumLife: a pooled VM whose hardware is billed for a
+// minimum time (an EC2 Mac's dedicated host: 24 hours) is not retired at max-age before then,
+// which would only pay for another host and another long boot; after it, max-age holds.
+func TestMaxAgeSparesAVMWithinItsHardwaresMinimumLife(t *testing.T) {
+	w := newVMWorld(t, true) // max-age 60 minutes
+	w.cloud.MinLife = 24 * time.Hour
+	o := w.owner(w.api)
+	name := w.readyVM(o).Name
+
+	w.clock.advance(2 * time.Hour)
+	if err := o.planner.planAll(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := w.record(name); rec == nil || rec.Spec.Instance.Retire != "" || phaseOf(rec) != berthv1.InstanceReady {
+		t.Fatalf("two hours in, past max-age but within its minimum life: %+v; want it kept", rec)
+	}
+
+	w.clock.advance(23 * time.Hour)
+	if err := o.planner.planAll(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.terminated(o, name, "older than max-age")
+}
