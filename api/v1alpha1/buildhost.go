@@ -41,6 +41,11 @@ type InstanceSpec struct {
 	// record's UID and the attempt, so a relaunch after a lost instance gets a new VM and a
 	// repeated call after a crash gets the same one.
 	Attempt int `json:"attempt"`
+	// Fallback is which of the platform's instance types this launch asks for: 0 the
+	// configured one, i the i-th of its fallbacks (fallback-instance-types), taken when the
+	// types before had no capacity. It is part of the launch token, so each type is asked
+	// under a token of its own.
+	Fallback int `json:"fallback,omitempty"`
 	// Retire stops the VM taking new tasks; it is terminated once its last task is cleaned.
 	Retire string `json:"retire,omitempty"`
 }
@@ -69,6 +74,8 @@ type InstanceStatus struct {
 	// To the microsecond: the boot time measured from them is not whole seconds.
 	LaunchedAt *MicroTime `json:"launchedAt,omitempty"`
 	ReadyAt    *MicroTime `json:"readyAt,omitempty"`
+	// InstanceType is the instance type that served, when the platform lists fallbacks.
+	InstanceType string `json:"instanceType,omitempty"`
 	// Failures counts failed cloud calls in a row; it spaces out retries.
 	Failures int    `json:"failures,omitempty"`
 	Message  string `json:"message,omitempty"`

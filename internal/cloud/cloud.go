@@ -50,6 +50,9 @@ type LaunchRequest struct {
 	Name string
 	// Tags are put on the instance; List finds instances by them.
 	Tags map[string]string
+	// Fallback picks the instance type of a provider with InstanceTypes: 0 the configured one,
+	// i the i-th fallback. Providers without them take only 0.
+	Fallback int
 }
 
 // Tags berth puts on every instance it launches. The installation tag is what the sweeper
@@ -86,6 +89,22 @@ type Provider interface {
 	// AdminUser is the user berth logs in as, with the platform's ssh-secret, to create
 	// build users.
 	AdminUser() string
+}
+
+// InstanceTyper is implemented by providers whose platforms may list fallback instance types:
+// other types to launch, in order, when the ones before have no capacity.
+type InstanceTyper interface {
+	// InstanceTypes are the types a launch may ask for (LaunchRequest.Fallback indexes them):
+	// the configured type first, then its fallbacks.
+	InstanceTypes() []string
+}
+
+// InstanceTypes is p's InstanceTypes, or nil for a provider without them.
+func InstanceTypes(p Provider) []string {
+	if t, ok := p.(InstanceTyper); ok {
+		return t.InstanceTypes()
+	}
+	return nil
 }
 
 // MinimumLifer is implemented by providers whose VMs hold hardware the account pays for a

@@ -123,6 +123,9 @@ var providerKeys = map[string]map[string]field{
 		"tenancy":                   {kind: kindString},
 		"host-resource-group-arn":   {kind: kindString},
 		"license-configuration-arn": {kind: kindString},
+		// berth's own: other instance types to launch, in order, when the ones before have no
+		// capacity (EC2's InsufficientInstanceCapacity and kin).
+		"fallback-instance-types": {kind: kindString, help: "instance types to launch, in order, when instance-type has no capacity, like m6g.xlarge,m7g.large"},
 		// berth's own: the EC2 API URL to call instead of the region's public one, for a VPC
 		// interface endpoint (or a stand-in of the API in tests).
 		"endpoint": {kind: kindString, help: "the EC2 API URL to use instead of the region's, like https://vpce-0abc-xyz.ec2.us-east-1.vpce.amazonaws.com"},

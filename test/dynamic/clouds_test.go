@@ -122,3 +122,31 @@ func TestAVMStoppedInTheConsoleIsTerminatedAndReplaced(t *testing.T) {
 		}
 	}
 }
+
+// An instance type EC2 has no capacity for does not stall the task: berth launches the
+// platform's next fallback type at once, the VM record says which type served, and an Event
+// says why the first was skipped.
+func TestAnInstanceTypeWithoutCapacityFallsBackToTheNext(t *testing.T) {
+	ns := namespace(t)
+	const platform = "linux/mips64"
+	const fallback = "m7g.large"
+	useConfig(t, platform, devstack.DynamicSettings{MaxInstances: 1, Provider: devstack.ProviderAWS,
+		Settings: map[string]string{"fallback-instance-types": fallback}})
+	stack.EC2.NoCapacityFor(devstack.AWSType)
+	t.Cleanup(func() { stack.EC2.NoCapacityFor() })
+	tr := task(t, ns, "fallback", platform)
+	_, vm := vmOf(t, tr)
+	if vm.Spec.Instance.Fallback != 1 || vm.Status.Instance.InstanceType != fallback {
+		t.Fatalf("the VM serving the task: fallback %d, type %q; want %s", vm.Spec.Instance.Fallback, vm.Status.Instance.InstanceType, fallback)
+	}
+	for _, inst := range stack.EC2.Instances() {
+		if inst.ID == vm.Status.Instance.ID && inst.InstanceType != fallback {
+			t.Errorf("EC2 launched %s as %s", inst.ID, inst.InstanceType)
+		}
+	}
+	if !eventWith(t, "LaunchFallback", devstack.AWSType+" had no capacity") {
+		t.Fatal("no LaunchFallback event says why the first type was skipped")
+	}
+	finish(t, tr)
+	settled(t, ns, 0)
+}

@@ -121,6 +121,9 @@ func (p *Provider) Launch(ctx context.Context, req cloud.LaunchRequest) (cloud.I
 	if req.Token == "" || len(req.Token) > 64 || !isPrintableASCII(req.Token) {
 		return cloud.Instance{}, cloud.Errorf(cloud.BadConfig, "launch", "launch token %q is not 1 to 64 printable ASCII characters, as EC2's client token must be", req.Token)
 	}
+	if req.Fallback < 0 || req.Fallback >= len(p.settings.types()) {
+		return cloud.Instance{}, cloud.Errorf(cloud.BadConfig, "launch", "platform %s has no instance type number %d (it has %v)", p.platform, req.Fallback, p.settings.types())
+	}
 	var out *ec2.RunInstancesOutput
 	err := p.call(ctx, func() (err error) {
 		out, err = p.client.RunInstances(ctx, p.settings.runInput(req))
@@ -215,6 +218,9 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	}
 	return p.failure("terminate", err)
 }
+
+// InstanceTypes are the configured instance type and the platform's fallback-instance-types.
+func (p *Provider) InstanceTypes() []string { return p.settings.types() }
 
 // macHostMinimum is how long EC2 allocates a dedicated host for Mac instances at the least,
 // and bills it: "Dedicated Hosts for EC2 Mac instances have a minimum allocation period of

@@ -823,6 +823,8 @@ var wireFields = map[string]string{
 	"tenancy": "Placement.Tenancy", "host-resource-group-arn": "Placement.HostResourceGroupArn",
 	"license-configuration-arn": "LicenseSpecification.1.LicenseConfigurationArn",
 	"region":                    "", "aws-secret": "", "endpoint": "", "strict-public-address": "",
+	// The launch's InstanceType only once a type before it had no capacity.
+	"fallback-instance-types": "",
 }
 
 // sentKeys checks that every provider key a platform sets reached its RunInstances field as
@@ -909,6 +911,42 @@ func TestMacInstancesHaveTheDedicatedHostsMinimumLife(t *testing.T) {
 		v["instance-type"] = typ
 		if got := cloud.MinimumLife(newTestProvider(t, v, goodSecrets())); got != want {
 			t.Errorf("%s: minimum life %s, want %s", typ, got, want)
+		}
+	}
+}
+
+// TestFallbackInstanceTypes: a launch asks for the type its Fallback picks, each under its own
+// client token; a type EC2 has no capacity for fails as Capacity, so berth can move on.
+func TestFallbackInstanceTypes(t *testing.T) {
+	srv := startEC2(t)
+	ctx := testContext(t)
+	v := values(srv.URL())
+	v["instance-type"], v["fallback-instance-types"] = "mac2.metal", " mac2-m2.metal , mac2-m2pro.metal"
+	p := newTestProvider(t, v, goodSecrets())
+	if got := cloud.InstanceTypes(p); !slices.Equal(got, []string{"mac2.metal", "mac2-m2.metal", "mac2-m2pro.metal"}) {
+		t.Fatalf("instance types %v", got)
+	}
+	srv.NoCapacityFor("mac2.metal")
+	_, err := p.Launch(ctx, cloud.LaunchRequest{Token: "uid-1-1", Tags: map[string]string{cloud.TagInstallation: "a"}})
+	wantKind(t, "the first type", err, cloud.Capacity, "mac2.metal")
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: "uid-1-1-f1", Tags: map[string]string{cloud.TagInstallation: "a"}, Fallback: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lastCall(t, srv, "RunInstances").Params.Get("InstanceType"); got != "mac2-m2.metal" {
+		t.Errorf("the fallback launch asked for %s", got)
+	}
+	_, err = p.Launch(ctx, cloud.LaunchRequest{Token: "uid-1-1-f3", Fallback: 3})
+	wantKind(t, "a fallback the platform does not have", err, cloud.BadConfig)
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	noneLeft(t, srv, 1)
+
+	for _, bad := range []string{"mac2.metal", "m6g.xlarge,m6g.xlarge", "not a type"} {
+		v["fallback-instance-types"] = bad
+		if _, err := New(cloud.Settings{Platform: "macos/arm64", Values: v, Secret: goodSecrets().Read}); cloud.KindOf(err) != cloud.BadConfig || !strings.Contains(err.Error(), "fallback-instance-types") {
+			t.Errorf("fallback-instance-types %q: %v; want a BadConfig naming the key", bad, err)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -61,6 +62,13 @@ type launchSettings struct {
 	userData                                   string // base64, as on the wire
 	tenancy, hostResourceGroupARN, licenseARN  string
 	endpoint                                   string
+	// fallbackTypes are berth's fallback-instance-types, in order.
+	fallbackTypes []string
+}
+
+// types are the instance types a launch may ask for: the configured one, then the fallbacks.
+func (s launchSettings) types() []string {
+	return append([]string{s.instanceType}, s.fallbackTypes...)
 }
 
 var (
@@ -128,6 +136,20 @@ func parseSettings(platform string, values map[string]string) (launchSettings, e
 	} {
 		if c.value != "" && !c.shape.MatchString(c.value) {
 			return s, bad(c.key, "%q is not %s", c.value, c.what)
+		}
+	}
+	if raw := get("fallback-instance-types"); raw != "" {
+		for _, typ := range strings.Split(raw, ",") {
+			typ = strings.TrimSpace(typ)
+			switch {
+			case typ == "":
+			case !instanceTypeShape.MatchString(typ):
+				return s, bad("fallback-instance-types", "%q is not an instance type like m6g.xlarge", typ)
+			case slices.Contains(s.types(), typ):
+				return s, bad("fallback-instance-types", "lists %s twice (instance-type counts)", typ)
+			default:
+				s.fallbackTypes = append(s.fallbackTypes, typ)
+			}
 		}
 	}
 	if raw := get("strict-public-address"); raw != "" {
@@ -218,7 +240,7 @@ func (s launchSettings) runInput(req cloud.LaunchRequest) *ec2.RunInstancesInput
 	in := &ec2.RunInstancesInput{
 		ClientToken:  aws.String(req.Token),
 		ImageId:      aws.String(s.ami),
-		InstanceType: types.InstanceType(s.instanceType),
+		InstanceType: types.InstanceType(s.types()[req.Fallback]),
 		KeyName:      aws.String(s.keyName),
 		MinCount:     aws.Int32(1),
 		MaxCount:     aws.Int32(1),

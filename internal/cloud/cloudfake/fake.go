@@ -28,6 +28,20 @@ type Provider struct {
 	User string
 	// MinLife is the fake's MinimumLife: how long its VMs' hardware is billed at the least.
 	MinLife time.Duration
+	// Types, if set, are the fake's InstanceTypes; a launch takes Types[req.Fallback].
+	Types []string
+	// typeOf is the instance type each instance was launched as (with Types).
+	typeOf map[string]string
+}
+
+// InstanceTypes is Types (see cloud.InstanceTyper).
+func (p *Provider) InstanceTypes() []string { return p.Types }
+
+// TypeOf is the instance type instance id was launched as ("" without Types).
+func (p *Provider) TypeOf(id string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.typeOf[id]
 }
 
 // MinimumLife is MinLife (see cloud.MinimumLifer).
@@ -35,7 +49,7 @@ func (p *Provider) MinimumLife() time.Duration { return p.MinLife }
 
 // New returns an empty fake whose instances run at address.
 func New(address string) *Provider {
-	return &Provider{instances: map[string]*cloud.Instance{}, byToken: map[string]string{}, Address: address, fail: map[string][]error{}, User: "root"}
+	return &Provider{instances: map[string]*cloud.Instance{}, byToken: map[string]string{}, Address: address, fail: map[string][]error{}, User: "root", typeOf: map[string]string{}}
 }
 
 // FailNext makes the next call of op fail with err (queued: call it again for more).
@@ -116,6 +130,9 @@ func (p *Provider) Launch(_ context.Context, req cloud.LaunchRequest) (cloud.Ins
 	if err := p.injected("launch"); err != nil {
 		return cloud.Instance{}, err
 	}
+	if req.Fallback < 0 || (req.Fallback > 0 && req.Fallback >= len(p.Types)) {
+		return cloud.Instance{}, cloud.Errorf(cloud.BadConfig, "launch", "no instance type number %d in %v", req.Fallback, p.Types)
+	}
 	if id, ok := p.byToken[req.Token]; ok {
 		if i, ok := p.instances[id]; ok {
 			return *i, nil
@@ -129,6 +146,9 @@ func (p *Provider) Launch(_ context.Context, req cloud.LaunchRequest) (cloud.Ins
 		i.State, i.Address = cloud.StateRunning, p.Address
 	}
 	p.instances[id], p.byToken[req.Token] = i, id
+	if req.Fallback < len(p.Types) {
+		p.typeOf[id] = p.Types[req.Fallback]
+	}
 	return *i, nil
 }
 

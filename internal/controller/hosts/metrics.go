@@ -10,6 +10,10 @@ var (
 		Name: "berth_vm_launches_total",
 		Help: "Launch calls to the cloud, by platform and outcome (launched, or the kind of failure).",
 	}, []string{"platform", "outcome"})
+	fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_vm_launch_fallbacks_total",
+		Help: "Launches moved to the platform's next fallback instance type because the one before had no capacity, by platform.",
+	}, []string{"platform"})
 	terminations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_vm_terminations_total",
 		Help: "VMs berth terminated, by platform.",
@@ -34,5 +38,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(launches, terminations, lost, leaks, vmCount, bootSeconds)
+	metrics.Registry.MustRegister(launches, fallbacks, terminations, lost, leaks, vmCount, bootSeconds)
 }

@@ -61,9 +61,15 @@ func (v *vmLoop) reconcile(ctx context.Context, rec *berthv1.BuildHost) (reconci
 	return reconcile.Result{}, nil
 }
 
-// Token is the idempotency token of the record's current launch attempt.
+// Token is the idempotency token of the record's current launch attempt: its UID and attempt,
+// and the fallback instance type it asks for, if any (so each type is asked under a token of
+// its own; records from before fallbacks keep their token).
 func Token(rec *berthv1.BuildHost) string {
-	return fmt.Sprintf("%s-%d", rec.UID, rec.Spec.Instance.Attempt)
+	token := fmt.Sprintf("%s-%d", rec.UID, rec.Spec.Instance.Attempt)
+	if f := rec.Spec.Instance.Fallback; f > 0 {
+		token += fmt.Sprintf("-f%d", f)
+	}
+	return token
 }
 
 // launch asks the cloud for the VM. The token makes a repeated call (after a crash before the
@@ -81,12 +87,18 @@ func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: Token(rec), Name: rec.Name, Tags: v.providers.tags(installation, in.Platform, rec.Name)})
+	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: Token(rec), Name: rec.Name, Tags: v.providers.tags(installation, in.Platform, rec.Name), Fallback: in.Fallback})
 	if err != nil {
+		if types := cloud.InstanceTypes(p); cloud.KindOf(err) == cloud.Capacity && len(types) > 1 {
+			return v.fallBack(ctx, rec, types, err)
+		}
 		return v.launchFailed(ctx, rec, err)
 	}
 	next := rec.DeepCopy()
 	next.Status.Instance.ID, next.Status.Instance.Phase = inst.ID, berthv1.InstanceBooting
+	if types := cloud.InstanceTypes(p); len(types) > 1 && in.Fallback < len(types) {
+		next.Status.Instance.InstanceType = types[in.Fallback]
+	}
 	next.Status.Instance.LaunchedAt = v.stamp()
 	next.Status.Instance.Failures, next.Status.Instance.Message = 0, ""
 	next.Status.Platform = in.Platform
@@ -97,6 +109,27 @@ func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.
 	launches.WithLabelValues(in.Platform, "launched").Inc()
 	v.event(next, corev1.EventTypeNormal, "Launched", "instance %s launched for platform %s", inst.ID, in.Platform)
 	return v.boot(ctx, next)
+}
+
+// fallBack moves a launch the cloud had no capacity for to the platform's next instance type,
+// at once, under a token of its own: the choice goes into the spec first, so a crash never
+// asks twice under one token with two types. After the last type it goes back to the first
+// and waits out the usual backoff (launchFailed), as a platform without fallbacks does.
+func (v *vmLoop) fallBack(ctx context.Context, rec *berthv1.BuildHost, types []string, cause error) (reconcile.Result, error) {
+	in := rec.Spec.Instance
+	next := rec.DeepCopy()
+	next.Spec.Instance.Fallback = (in.Fallback + 1) % len(types)
+	if err := v.client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	next.Status = *rec.Status.DeepCopy() // the update answers with the stored status, maybe none yet
+	if next.Spec.Instance.Fallback == 0 {
+		return v.launchFailed(ctx, next, cause)
+	}
+	v.warn(next, "LaunchFallback", "instance type %s had no capacity for platform %s (%v); launching %s, the next of its fallback-instance-types",
+		types[in.Fallback], in.Platform, cause, types[next.Spec.Instance.Fallback])
+	fallbacks.WithLabelValues(in.Platform).Inc()
+	return v.launch(ctx, next)
 }
 
 // launchFailed retries what may pass (capacity, throttling, a network error) with backoff,

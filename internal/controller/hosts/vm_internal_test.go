@@ -906,3 +906,50 @@ func TestMaxAgeSparesAVMWithinItsHardwaresMinimumLife(t *testing.T) {
 	}
 	w.terminated(o, name, "older than max-age")
 }
+
+// TestACapacityErrorOnTheFirstTypeIsServedByTheFallbackType: the platform lists a fallback
+// instance type; the first type has no capacity, so the launch moves to the fallback at once,
+// under a token of its own, the record says which type served, and an Event says why the
+// first was skipped. When every type is out, the launch waits out the backoff from the first.
+func TestACapacityErrorOnTheFirstTypeIsServedByTheFallbackType(t *testing.T) {
+	w := newVMWorld(t, false)
+	w.cloud.Types = []string{"mac2.metal", "mac2-m2.metal"}
+	o := w.owner(w.api)
+	noRoom := cloud.Errorf(cloud.Capacity, "launch", "InsufficientInstanceCapacity: no mac2.metal in us-east-1a")
+	w.cloud.FailNext("launch", noRoom)
+	name := w.plan(o).Name
+	w.mustReconcile(o, name)
+
+	rec := w.record(name)
+	if rec.Spec.Instance.Fallback != 1 || phaseOf(rec) != berthv1.InstanceReady || rec.Status.Instance.InstanceType != "mac2-m2.metal" {
+		t.Fatalf("after no capacity for the first type: fallback %d, %+v; want the fallback type ready", rec.Spec.Instance.Fallback, rec.Status.Instance)
+	}
+	if got := w.cloud.TypeOf(rec.Status.Instance.ID); got != "mac2-m2.metal" {
+		t.Errorf("the cloud launched %q", got)
+	}
+	if !strings.HasSuffix(Token(rec), "-f1") || w.cloud.Launches() != 1 {
+		t.Errorf("token %s, %d launches; want a token of the fallback's own and one launch", Token(rec), w.cloud.Launches())
+	}
+	if ev := w.events.on(name, "LaunchFallback"); len(ev) != 1 || !strings.Contains(ev[0].note, "mac2.metal had no capacity") || !strings.Contains(ev[0].note, "launching mac2-m2.metal") {
+		t.Errorf("LaunchFallback events: %+v", ev)
+	}
+
+	// Both types out: back to the first, after the backoff.
+	t.Run("every type out", func(t *testing.T) {
+		w2 := newVMWorld(t, false)
+		w2.cloud.Types = []string{"mac2.metal", "mac2-m2.metal"}
+		o2 := w2.owner(w2.api)
+		w2.cloud.FailNext("launch", noRoom)
+		w2.cloud.FailNext("launch", noRoom)
+		name2 := w2.plan(o2).Name
+		res := w2.mustReconcile(o2, name2)
+		rec2 := w2.record(name2)
+		if rec2.Spec.Instance.Fallback != 0 || phaseOf(rec2) != berthv1.InstanceLaunching || res.RequeueAfter <= 0 || w2.cloud.Launches() != 0 {
+			t.Fatalf("with no capacity for either type: fallback %d, %+v, %+v; want a retry of the first type after a backoff", rec2.Spec.Instance.Fallback, rec2.Status.Instance, res)
+		}
+		w2.mustReconcile(o2, name2)
+		if rec2 = w2.record(name2); phaseOf(rec2) != berthv1.InstanceReady || rec2.Status.Instance.InstanceType != "mac2.metal" {
+			t.Fatalf("the retry: %+v; want the first type ready", rec2.Status.Instance)
+		}
+	})
+}

@@ -139,6 +139,11 @@ var (
 )
 
 // runInstances launches one instance, or answers the one its client token launched.
+// capacityError is EC2's answer when a zone has no instance of the type to give now.
+func capacityError(instanceType, region string) *apiError {
+	return errorf(http.StatusInternalServerError, "InsufficientInstanceCapacity", "We currently do not have sufficient %s capacity in the Availability Zone you requested (%sa). Our system will be working on provisioning additional capacity.", instanceType, region)
+}
+
 func (s *Server) runInstances(p url.Values) (any, *apiError) {
 	for _, required := range []string{"ImageId", "MinCount", "MaxCount"} {
 		if p.Get(required) == "" {
@@ -173,6 +178,9 @@ func (s *Server) runInstances(p url.Values) (any, *apiError) {
 	if e != nil {
 		return nil, e
 	}
+	if s.noCapacity[inst.instanceType] {
+		return nil, capacityError(inst.instanceType, s.opts.Region)
+	}
 	inst.token, inst.request = token, request
 	machineToken := token
 	if machineToken == "" {
@@ -181,7 +189,7 @@ func (s *Server) runInstances(p url.Values) (any, *apiError) {
 	m, _, err := s.machines.Launch(machineToken, inst.tags["Name"], inst.tags)
 	switch {
 	case errors.Is(err, vmcloud.ErrCapacity):
-		return nil, errorf(http.StatusInternalServerError, "InsufficientInstanceCapacity", "We currently do not have sufficient %s capacity in the Availability Zone you requested (%sa). Our system will be working on provisioning additional capacity.", inst.instanceType, s.opts.Region)
+		return nil, capacityError(inst.instanceType, s.opts.Region)
 	case errors.Is(err, vmcloud.ErrQuota):
 		return nil, badRequest("InstanceLimitExceeded", "You have requested more instances than your current instance limit allows for the specified instance type. Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.")
 	case err != nil:

@@ -135,6 +135,8 @@ type Server struct {
 	denied map[string]string
 	// Instances younger than hideNew are not described yet (EC2's eventual consistency).
 	hideNew time.Duration
+	// noCapacity are the instance types no launch gets now (NoCapacityFor).
+	noCapacity map[string]bool
 	// privateIPs counts the unreachable private addresses given to public instances.
 	privateIPs int
 }
@@ -303,6 +305,18 @@ func encodedAuthorizationMessage() string {
 // InsufficientCapacity makes the next n launches of new instances fail with
 // InsufficientInstanceCapacity (the cloud's FailLaunches).
 func (s *Server) InsufficientCapacity(n int) { s.machines.FailLaunches(n) }
+
+// NoCapacityFor makes every launch of the given instance types fail with
+// InsufficientInstanceCapacity until it is called again with other types (none: capacity is
+// back for all), as EC2 answers when a zone has run out of one type and not of others.
+func (s *Server) NoCapacityFor(instanceTypes ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noCapacity = map[string]bool{}
+	for _, t := range instanceTypes {
+		s.noCapacity[t] = true
+	}
+}
 
 // SetQuota sets how many instances may be pending or running at once; launches beyond it
 // answer InstanceLimitExceeded. 0 is no limit.
