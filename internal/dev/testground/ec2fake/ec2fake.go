@@ -329,13 +329,11 @@ func (s *Server) SetBootDelay(d time.Duration) { s.machines.SetBootDelay(d) }
 // TerminateFromConsole terminates an instance behind its launcher's back, as someone in the
 // AWS console would: it shows as terminated from then on.
 func (s *Server) TerminateFromConsole(id string) error {
-	s.mu.Lock()
-	inst := s.instances[id]
-	s.mu.Unlock()
-	if inst == nil {
-		return fmt.Errorf("ec2fake: no instance %s", id)
+	machine, err := s.machineOf(id)
+	if err != nil {
+		return err
 	}
-	if _, err := s.machines.Terminate(inst.machineID); err != nil && !errors.Is(err, vmcloud.ErrNotFound) {
+	if _, err := s.machines.Terminate(machine); err != nil && !errors.Is(err, vmcloud.ErrNotFound) {
 		return err
 	}
 	return nil
@@ -345,13 +343,21 @@ func (s *Server) TerminateFromConsole(id string) error {
 // would (or a Spot interruption that stops rather than terminates): EC2 keeps it, stopped,
 // with its volumes, until it is terminated.
 func (s *Server) StopFromConsole(id string) error {
-	s.mu.Lock()
-	inst := s.instances[id]
-	s.mu.Unlock()
-	if inst == nil {
-		return fmt.Errorf("ec2fake: no instance %s", id)
+	machine, err := s.machineOf(id)
+	if err != nil {
+		return err
 	}
-	return s.machines.Stop(inst.machineID)
+	return s.machines.Stop(machine)
+}
+
+// machineOf is the machine of the EC2 instance id.
+func (s *Server) machineOf(id string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if inst := s.instances[id]; inst != nil {
+		return inst.machineID, nil
+	}
+	return "", fmt.Errorf("ec2fake: no instance %s", id)
 }
 
 // HideNewInstances makes DescribeInstances and TerminateInstances answer
