@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -296,5 +297,50 @@ func TestNamespaceCap(t *testing.T) {
 	}
 	if cfg, _ := Parse(with(nil)); cfg.MaxTasksPerNamespace != 0 {
 		t.Fatalf("no key: cap %d, want 0 (none)", cfg.MaxTasksPerNamespace)
+	}
+}
+
+// TestAWindowsPlatformWhoseUserDataDoesNotSetUpBuildUsersKeysIsWarnedOf: berth's Windows
+// build users need sshd to read keys from ProgramData; a Windows platform whose user-data
+// does not set that up is warned of (its image may), on the key to fix; one that does, and a
+// Linux platform, are not.
+func TestAWindowsPlatformWhoseUserDataDoesNotSetUpBuildUsersKeysIsWarnedOf(t *testing.T) {
+	windows := func(userData string) map[string]string {
+		d := map[string]string{"dynamic-platforms": "windows-4xlarge/amd64"}
+		for k, v := range base() {
+			if rest, ok := strings.CutPrefix(k, "dynamic.linux-arm64."); ok && rest != "sudo-commands" {
+				d["dynamic.windows-4xlarge-amd64."+rest] = v
+			}
+		}
+		if userData != "" {
+			d["dynamic.windows-4xlarge-amd64.user-data"] = userData
+		}
+		return d
+	}
+	warned := func(data map[string]string) []Problem {
+		cfg, problems := Parse(data)
+		if !cfg.Usable("windows-4xlarge/amd64") {
+			t.Fatalf("unusable: %v", problems)
+		}
+		var out []Problem
+		for _, p := range problems {
+			if p.Severity == Warning && strings.Contains(p.Message, "ProgramData") {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	if w := warned(windows("<powershell>\nStart-Service sshd\n</powershell>")); len(w) != 1 || w[0].Key != "dynamic.windows-4xlarge-amd64.user-data" || !strings.Contains(w[0].Message, WindowsKeysLine) {
+		t.Errorf("user-data without the sshd line: %v; want one warning on user-data naming the line", w)
+	}
+	if w := warned(windows("")); len(w) != 1 || w[0].Key != "dynamic.windows-4xlarge-amd64.type" {
+		t.Errorf("no user-data: %v; want one warning on type", w)
+	}
+	setUp := "<powershell>\nAdd-Content $env:ProgramData\\ssh\\sshd_config \"Match User u-*`n  " + WindowsKeysLine + "\"\n</powershell>"
+	if w := warned(windows(setUp)); len(w) != 0 {
+		t.Errorf("user-data that sets it up: %v; want no warning", w)
+	}
+	if _, problems := Parse(base()); slices.ContainsFunc(problems, func(p Problem) bool { return strings.Contains(p.Message, "ProgramData") }) {
+		t.Errorf("a Linux platform is warned of Windows keys: %v", problems)
 	}
 }

@@ -97,7 +97,7 @@ const windowsPrelude = "$ErrorActionPreference = 'Stop'\n$ProgressPreference = '
 const windowsKeyDir = `$env:ProgramData\ssh\berth`
 
 // windowsSSHDLine is the line the host admin adds to sshd_config (in a Match block for u-*).
-const windowsSSHDLine = "AuthorizedKeysFile __PROGRAMDATA__/ssh/berth/%u/authorized_keys"
+const windowsSSHDLine = config.WindowsKeysLine
 
 func createWindowsUser(ctx context.Context, t remote.Target, u NewUser) (string, error) {
 	if !windowsUserRE.MatchString(u.Name) {
