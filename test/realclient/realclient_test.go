@@ -3,6 +3,8 @@
 // the secret berth's controller made, and with OpenSSH's ssh and rsync builds on a real sshd
 // host as the build user: sources synced to the user-dir, podman run there (the test hosts'
 // podman stand-in, which checks the invocation and builds a real image), results synced back.
+// The real buildah-remote 0.10 Task itself, unmodified, runs too (realtask_test.go), through
+// the Tekton stand-in on a static host and on a VM.
 package realclient_test
 
 import (
@@ -40,7 +42,10 @@ const (
 	builderImage   = "quay.test/konflux-ci/buildah-task@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 )
 
-func TestMain(m *testing.M) { os.Exit(stacktest.Main(m, &stack, 1, stacktest.Options())) }
+// TestMain starts the local VM cloud too: the real Task also builds on a VM launched for it.
+func TestMain(m *testing.M) {
+	os.Exit(stacktest.MainWith(m, &stack, 1, stacktest.Options(), func(d *devstack.Options) { d.VMCloud = true }))
+}
 
 func TestErrorIsPrintedAndTheStepFails(t *testing.T) {
 	tr := newTaskRun(t, "linux/riscv64")

@@ -1,6 +1,7 @@
 // Package realdata finds the deployment data real clusters run with (../shared/real beside the
-// repository: host-config ConfigMaps, Helm values, CRDs) for tests that must prove berth serves
-// what it describes. It never edits them; tests derive their variants in memory.
+// repository: host-config ConfigMaps, Helm values, CRDs, the client Tasks) for tests that must
+// prove berth serves what it describes. It never edits them; tests derive their variants in
+// memory.
 package realdata
 
 import (
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
@@ -42,6 +44,33 @@ func CRDDir() (string, error) {
 		return "", fmt.Errorf("the real CRDs are missing: want %s (../shared/real/crds beside the repository): %w", dir, err)
 	}
 	return dir, nil
+}
+
+// Task reads one of the real client Tasks or StepActions under tasks/ (file is its name
+// there, like buildah-remote-0.10.yaml) as the object `kubectl apply -f` would create from
+// it: unchanged, with no namespace of its own. Its error names where it looked.
+func Task(file string) (*unstructured.Unstructured, error) {
+	dir, err := sharedReal()
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "tasks", file)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("the real client Task is missing: want %s (../shared/real/tasks beside the repository): %w", path, err)
+	}
+	doc, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	obj := &unstructured.Unstructured{}
+	if err := obj.UnmarshalJSON(doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if kind := obj.GetKind(); kind != "Task" && kind != "StepAction" {
+		return nil, fmt.Errorf("%s: kind %q, want Task or StepAction", path, kind)
+	}
+	return obj, nil
 }
 
 func sharedReal() (string, error) {

@@ -298,6 +298,9 @@ func TestStepExitCodesAndTimeouts(t *testing.T) {
 	if c := condition(got); c.Status != corev1.ConditionFalse || !strings.Contains(c.Message, "step-slow exceeded its timeout of 1s") {
 		t.Errorf("want the step's timeout to fail the run, got %+v", c)
 	}
+	if s := got.Status.Steps; len(s) != 1 || s[0].TerminationReason != "TimeoutExceeded" || s[0].Terminated == nil || s[0].Terminated.ExitCode != 1 {
+		t.Errorf("want the step's state to say its timeout ended it, exit code 1 as Tekton's entrypoint exits: %+v", s)
+	}
 }
 
 // A step's script runs against a private copy of the machine: what it writes to /root, /etc,

@@ -16,7 +16,9 @@
 // volume mounts, optional and projected volumes, the ServiceAccount's registry credentials in
 // $HOME/.docker, Tekton's default timeout of an hour. As in a real pod, a step acts as the
 // TaskRun's ServiceAccount through rest.InClusterConfig (incluster.go), and a step of an
-// image given in Options.Images finds that image's programs on its PATH (images.go). A
+// image given in Options.Images finds that image's programs on its PATH (images.go). When
+// the steps have run, status.steps holds each one's state as Tekton reports it (exit code,
+// Completed, Error, Continued, Skipped, TimeoutExceeded), and StepLog its output. A
 // TaskRun that uses a feature the stand-in does not implement fails at once with reason
 // StandInUnsupported and a message naming the feature; none is left Running without a word.
 package tektonstandin
@@ -386,10 +388,13 @@ func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun, executor 
 	if timeout > 0 {
 		wait.RequeueAfter = time.Until(deadline)
 	}
-	var work func(context.Context) (map[string]string, error)
+	var work func(context.Context) (*runOutcome, error)
 	switch {
 	case executor != nil:
-		work = func(ctx context.Context) (map[string]string, error) { return executor(ctx, tr.DeepCopy()) }
+		work = func(ctx context.Context) (*runOutcome, error) {
+			results, err := executor(ctx, tr.DeepCopy())
+			return &runOutcome{results: results}, err
+		}
 	case rs != nil:
 		missing, err := s.missingObjects(ctx, tr.Namespace, rs)
 		if err != nil {
@@ -401,7 +406,7 @@ func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun, executor 
 		if err := s.setOngoing(ctx, key, reasonRunning, "Not all Steps in the Task have finished executing"); err != nil {
 			return reconcile.Result{}, err
 		}
-		work = func(ctx context.Context) (map[string]string, error) { return s.runSteps(ctx, tr.DeepCopy()) }
+		work = func(ctx context.Context) (*runOutcome, error) { return s.runSteps(ctx, tr.DeepCopy()) }
 	default:
 		return wait, nil // ended by Finish, or by its timeout
 	}
@@ -415,16 +420,16 @@ func (s *StandIn) execute(ctx context.Context, tr *pipelinev1.TaskRun, executor 
 	s.mu.Unlock()
 	go func() {
 		defer cancel()
-		results, err := work(runCtx)
+		outcome, err := work(runCtx)
 		switch {
 		case errors.Is(runCtx.Err(), context.DeadlineExceeded):
-			results, err = nil, timeoutError(tr, timeout)
+			outcome, err = &runOutcome{}, timeoutError(tr, timeout)
 		case runCtx.Err() != nil:
 			return // deleted or cancelled meanwhile: nothing to report
 		}
 		finishCtx, done := context.WithTimeout(context.Background(), 30*time.Second)
 		defer done()
-		if cerr := s.complete(finishCtx, key, results, err); cerr != nil && !apierrors.IsNotFound(cerr) {
+		if cerr := s.end(finishCtx, key, outcome, err); cerr != nil && !apierrors.IsNotFound(cerr) {
 			ctrl.Log.WithName("tekton-standin").Error(cerr, "recording the end of a TaskRun", "taskrun", key)
 		}
 	}()
@@ -468,6 +473,12 @@ func (s *StandIn) setOngoing(ctx context.Context, key types.NamespacedName, reas
 // time. A runError's reason becomes the condition's reason; any other error is a step's
 // failure.
 func (s *StandIn) complete(ctx context.Context, key types.NamespacedName, results map[string]string, runErr error) error {
+	return s.end(ctx, key, &runOutcome{results: results}, runErr)
+}
+
+// end is complete with the states of the steps that ran, which go to status.steps.
+func (s *StandIn) end(ctx context.Context, key types.NamespacedName, outcome *runOutcome, runErr error) error {
+	results := outcome.results
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var tr pipelinev1.TaskRun
 		if err := s.client.Get(ctx, key, &tr); err != nil {
@@ -496,6 +507,7 @@ func (s *StandIn) complete(ctx context.Context, key types.NamespacedName, result
 			cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, reasonFailed, runErr.Error()
 		}
 		tr.Status.SetCondition(&cond)
+		tr.Status.Steps = outcome.steps
 		tr.Status.CompletionTime = &now
 		return s.client.Status().Update(ctx, &tr)
 	})

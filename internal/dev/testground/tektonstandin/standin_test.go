@@ -309,3 +309,53 @@ func TestFailingStepReportsItsOutput(t *testing.T) {
 		t.Fatalf("want a failure naming the step with its output, got %q", msg)
 	}
 }
+
+// status.steps says of each step what Tekton says of it: its container's exit code and the
+// kubelet's reason, Tekton's terminationReason (Continued for a failure let pass, Skipped for
+// the steps after a failure), and each step's output is its log.
+func TestStepStatesAndLogs(t *testing.T) {
+	needRoot(t)
+	ns := namespace(t)
+	tr := &pipelinev1.TaskRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "states", Namespace: ns},
+		Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{
+			{Name: "ok", Image: "x", Script: "echo fine"},
+			{Name: "let-pass", Image: "x", Script: "exit 3", OnError: pipelinev1.Continue},
+			{Name: "fails", Image: "x", Script: "echo registry 127.0.0.1:9 refused >&2; exit 2"},
+			{Image: "x", Script: "echo must not run"},
+		}}},
+	}
+	create(t, tr)
+	got := waitFor(t, client.ObjectKeyFromObject(tr), "finished", done)
+	if got.IsSuccessful() {
+		t.Fatal("the run succeeded past a failing step")
+	}
+	type state struct {
+		name, container string
+		code            int32
+		reason, term    string
+	}
+	want := []state{
+		{"ok", "step-ok", 0, "Completed", "Completed"},
+		{"let-pass", "step-let-pass", 3, "Completed", "Continued"},
+		{"fails", "step-fails", 2, "Error", "Error"},
+		{"unnamed-3", "step-unnamed-3", 1, "Error", "Skipped"},
+	}
+	var states []state
+	for _, s := range got.Status.Steps {
+		if s.Terminated == nil || s.Terminated.StartedAt.IsZero() || s.Terminated.FinishedAt.Before(&s.Terminated.StartedAt) {
+			t.Fatalf("step %s: not terminated with its times: %+v", s.Name, s.ContainerState)
+		}
+		states = append(states, state{s.Name, s.Container, s.Terminated.ExitCode, s.Terminated.Reason, s.TerminationReason})
+	}
+	if fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Errorf("status.steps\n got %v\nwant %v", states, want)
+	}
+	key := client.ObjectKeyFromObject(tr)
+	if log, err := standIn.StepLog(key, "ok"); err != nil || string(log) != "fine\n" {
+		t.Errorf("the log of step ok: %q %v", log, err)
+	}
+	if log, err := standIn.StepLog(key, "fails"); err != nil || !strings.Contains(string(log), "registry 127.0.0.1:9 refused") {
+		t.Errorf("the log of step fails: %q %v", log, err)
+	}
+}

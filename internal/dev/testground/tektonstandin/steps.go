@@ -18,7 +18,9 @@ import (
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // runSteps runs a TaskRun's steps in order, each as a local process in a sandbox of its own
@@ -26,78 +28,144 @@ import (
 // would, the ServiceAccount's token where rest.InClusterConfig finds it (incluster.go),
 // the programs of the step's image on its PATH (images.go), Tekton's variables
 // substituted, the ServiceAccount's registry credentials in $HOME/.docker, and the files
-// under /tekton/results become the TaskRun's results.
-func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (map[string]string, error) {
+// under /tekton/results become the TaskRun's results. Each step that ran has its state in
+// the run's steps, as Tekton reports it in status.steps (see stepStates).
+func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (*runOutcome, error) {
+	out := &runOutcome{}
 	if os.Geteuid() != 0 {
-		return nil, errors.New("the tekton stand-in runs step scripts only as root: each step needs its own mount namespace")
+		return out, errors.New("the tekton stand-in runs step scripts only as root: each step needs its own mount namespace")
 	}
 	rs, err := buildSandboxSpec(tr)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
 	dir := filepath.Join(s.opts.WorkDir, "runs", string(tr.UID))
 	defer os.RemoveAll(dir)
 	tekton := filepath.Join(dir, "tekton")
 	for _, d := range []string{"tekton/results", "tekton/scripts", "tekton/creds", "tekton/home", "workspace"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o777); err != nil {
-			return nil, err
+			return out, err
 		}
 	}
 	for i, step := range rs.steps {
 		if err := os.MkdirAll(filepath.Join(tekton, "steps", stepName(step.Name, i)), 0o755); err != nil {
-			return nil, err
+			return out, err
 		}
 	}
 	if err := s.writeCredentials(ctx, tr, filepath.Join(tekton, "creds")); err != nil {
-		return nil, err
+		return out, err
 	}
 	pod, err := s.podOf(ctx, tr)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
 	volumes, workspaces, err := s.materialise(ctx, tr, pod, rs, dir)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
 	podMounts, err := s.serviceAccountMounts(ctx, tr, rs, pod, filepath.Join(dir, "serviceaccount"))
 	if err != nil {
-		return nil, err
+		return out, err
 	}
+	states := stepStates{steps: rs.steps}
+	defer func() { out.steps = states.done }() // on every return below, failures included
 	for i, step := range rs.steps {
 		name := stepName(step.Name, i)
 		stepCtx, cancel := ctx, context.CancelFunc(func() {})
 		if step.Timeout != nil && step.Timeout.Duration > 0 {
 			stepCtx, cancel = context.WithTimeout(ctx, step.Timeout.Duration)
 		}
+		started := metav1.Now()
 		code, err := s.runStep(stepCtx, tr, rs, i, volumes, workspaces, podMounts[name], dir)
 		cancel()
 		if code >= 0 {
 			if werr := os.WriteFile(filepath.Join(tekton, "steps", name, "exitCode"), []byte(strconv.Itoa(code)), 0o644); werr != nil {
-				return nil, werr
+				return out, werr
 			}
 		}
 		if err == nil {
+			states.ended(started, code, terminationCompleted)
 			continue
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: %w", name, ctx.Err())
+			return out, fmt.Errorf("%s: %w", name, ctx.Err())
 		}
 		if stepCtx.Err() != nil {
-			return nil, fmt.Errorf("%s exceeded its timeout of %s", name, step.Timeout.Duration)
+			states.ended(started, 1, terminationTimeoutExceeded) // the entrypoint exits 1
+			states.skipRest()
+			return out, fmt.Errorf("%s exceeded its timeout of %s", name, step.Timeout.Duration)
 		}
 		if step.OnError == pipelinev1.Continue && code > 0 {
+			states.ended(started, code, terminationContinued)
 			continue // Tekton records the exit code and goes on
 		}
-		return nil, err
+		if code >= 0 {
+			states.ended(started, code, terminationError)
+			states.skipRest()
+		}
+		return out, err
 	}
-	results := map[string]string{}
+	out.results = map[string]string{}
 	for _, r := range rs.results {
 		data, err := os.ReadFile(filepath.Join(tekton, "results", r.Name))
 		if err == nil {
-			results[r.Name] = string(data)
+			out.results[r.Name] = string(data)
 		}
 	}
-	return results, nil
+	return out, nil
+}
+
+// runOutcome is what a run of a TaskRun's steps leaves for its status: the results, and
+// the state of each step that ran or was skipped.
+type runOutcome struct {
+	results map[string]string
+	steps   []pipelinev1.StepState
+}
+
+// Why a step's container ended, as Tekton's status.steps[].terminationReason says it.
+const (
+	terminationCompleted       = "Completed"
+	terminationError           = "Error"
+	terminationContinued       = "Continued"       // onError: continue, a non-zero exit
+	terminationSkipped         = "Skipped"         // a step before it failed
+	terminationTimeoutExceeded = "TimeoutExceeded" // the step's own timeout
+)
+
+// stepStates builds status.steps as Tekton reads it off the pod: a step's container
+// terminated with its exit code and the kubelet's reason (Completed for exit 0, else Error),
+// beside Tekton's own terminationReason. A step with onError: continue that failed exits 0
+// as a container (Completed) but reports its script's exit code; the steps after a failed
+// one are skipped by Tekton's entrypoint, which exits 1 for each.
+type stepStates struct {
+	steps []pipelinev1.Step
+	done  []pipelinev1.StepState
+}
+
+func (s *stepStates) ended(started metav1.Time, code int, termination string) {
+	reason := terminationCompleted
+	if code != 0 && termination != terminationContinued {
+		reason = terminationError
+	}
+	s.add(started, code, reason, termination)
+}
+
+func (s *stepStates) skipRest() {
+	for len(s.done) < len(s.steps) {
+		s.add(metav1.Now(), 1, terminationError, terminationSkipped)
+	}
+}
+
+func (s *stepStates) add(started metav1.Time, code int, reason, termination string) {
+	i := len(s.done)
+	container := stepName(s.steps[i].Name, i)
+	s.done = append(s.done, pipelinev1.StepState{
+		Name:      strings.TrimPrefix(container, "step-"), // as Tekton names it after the container
+		Container: container,
+		ContainerState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: int32(code), Reason: reason, StartedAt: started, FinishedAt: metav1.Now(),
+		}},
+		TerminationReason: termination,
+	})
 }
 
 // runStep runs one step and returns its exit code (-1 if it never started). podMounts are the
@@ -163,7 +231,7 @@ func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSp
 	}
 	mounts = append(mounts, programs...)
 
-	logPath := filepath.Join(s.opts.WorkDir, "logs", fmt.Sprintf("%s_%s_%s.log", tr.Namespace, tr.Name, step.Name))
+	logPath := s.stepLogPath(client.ObjectKeyFromObject(tr), step.Name)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return -1, err
 	}
@@ -189,6 +257,17 @@ func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSp
 	default:
 		return code, fmt.Errorf("%q could not run (%v); last output:\n%s", name, err, tail.String())
 	}
+}
+
+// StepLog is what a step of a TaskRun run here wrote to its output, as `kubectl logs <pod>
+// -c step-<name>` shows it on a cluster; step is the step's name in the Task. Logs stay
+// after the run ends (in Options.WorkDir's logs directory).
+func (s *StandIn) StepLog(taskRun types.NamespacedName, step string) ([]byte, error) {
+	return os.ReadFile(s.stepLogPath(taskRun, step))
+}
+
+func (s *StandIn) stepLogPath(taskRun types.NamespacedName, step string) string {
+	return filepath.Join(s.opts.WorkDir, "logs", fmt.Sprintf("%s_%s_%s.log", taskRun.Namespace, taskRun.Name, step))
 }
 
 // baseEnv is what a step's image would set before the task's own env.
