@@ -21,7 +21,7 @@ func newClusterCommand() *cobra.Command {
 		Use:   "cluster",
 		Short: "Ephemeral clusters for integration pipelines, one Tekton step per command",
 		Long: `The steps of the berth-provision-space and berth-ephemeral-cluster Tasks: ask the space
-service for a throwaway namespace (a SpaceRequest), ask the cluster-templates service there for
+service for a throwaway namespace (an eaas Namespace claim or a SpaceRequest), ask the cluster-templates service there for
 a cluster (a ClusterTemplateInstance), wait for it, explain a failure, write its credentials to
 files, and give it all back. Results go to the files the --result-* flags name, as Tekton reads
 them. No command prints a kubeconfig, token or password.`,
@@ -135,46 +135,61 @@ func waitStepFailed(path string) (bool, string) {
 
 func newClusterProvisionSpaceCommand() *cobra.Command {
 	var (
-		tf                                                    tenantFlags
-		pf                                                    pollFlags
-		req                                                   cluster.SpaceRequest
-		ownerUID, secretRefResult, namespaceResult, urlResult string
+		tf                                                         tenantFlags
+		pf                                                         pollFlags
+		req                                                        cluster.SpaceRequest
+		api, ownerUID, secretRefResult, namespaceResult, urlResult string
 	)
 	cmd := &cobra.Command{
 		Use:   "provision-space",
-		Short: "Ask for a space (a SpaceRequest owned by the run) and wait until it is ready",
-		Long: `provision-space creates a SpaceRequest in the tenant namespace, owned by the PipelineRun or
-TaskRun given (deleting the run deletes the space), and waits until the space service has made
-the space. A re-run with the same --space-request reuses it. A request the service cannot serve
-fails at once with the service's message. The Secret with the space's kubeconfig goes to
+		Short: "Ask for a space (an eaas Namespace claim or a SpaceRequest, owned by the run) and wait until it is ready",
+		Long: `provision-space asks the space service for a namespace, owned by the PipelineRun or TaskRun
+given (deleting the run deletes the space), and waits until it is ready. It asks with the API
+--api names: namespace-claim creates an eaas.konflux-ci.dev Namespace claim as Konflux's own
+eaas-provision-space does (its kubeconfig goes to Secret <name>-secret); spacerequest creates a
+SpaceRequest of --tier; auto (the default) takes the one the cluster serves, the claim when it
+serves both, and says which. A re-run with the same --space-request reuses what it made. A
+SpaceRequest the service cannot serve fails at once with the service's message; a claim is
+waited for while Crossplane retries it. The Secret with the space's kubeconfig goes to
 --result-secret-ref-file, the space namespace to --result-namespace-file.`,
 		Args: cobra.NoArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			var err error
+			req.API, err = cluster.ParseSpaceAPI(api)
+			return err
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tenant, ns, err := tf.client()
 			if err != nil {
 				return err
 			}
 			req.Namespace, req.Owner.UID = ns, types.UID(ownerUID)
-			access, err := cluster.ProvisionSpace(cmd.Context(), tenant, req, pf.polling(), cmd.OutOrStdout())
+			out := cmd.OutOrStdout()
+			access, err := cluster.ProvisionSpace(cmd.Context(), tenant, req, pf.polling(), out)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "space %s is ready; its kubeconfig is in Secret %s/%s\n", access.Namespace, access.TenantNamespace, access.SecretName)
+			if access.Namespace == "" {
+				fmt.Fprintf(out, "the space is ready; its kubeconfig is in Secret %s/%s, which names no namespace\n", access.TenantNamespace, access.SecretName)
+			} else {
+				fmt.Fprintf(out, "space %s is ready; its kubeconfig is in Secret %s/%s\n", access.Namespace, access.TenantNamespace, access.SecretName)
+			}
 			return errors.Join(writeResult(secretRefResult, access.SecretName), writeResult(namespaceResult, access.Namespace), writeResult(urlResult, access.ClusterURL))
 		},
 	}
 	tf.register(cmd)
 	pf.register(cmd, 5*time.Minute, "the space")
 	f := cmd.Flags()
-	f.StringVar(&req.Name, "space-request", "", "the SpaceRequest's name; a re-run with the same name reuses it (a Task gives its TaskRun's name)")
-	f.StringVar(&req.TierName, "tier", "", "the space tier (spec.tierName)")
+	f.StringVar(&api, "api", string(cluster.SpaceAPIAuto), "the API to ask with: auto (the one the cluster serves, the claim first), namespace-claim or spacerequest")
+	f.StringVar(&req.Name, "space-request", "", "the name of the claim or SpaceRequest; a re-run with the same name reuses it (a Task gives its TaskRun's name)")
+	f.StringVar(&req.TierName, "tier", "", "the space tier (spec.tierName of a SpaceRequest; a claim has none)")
 	f.StringVar(&req.Owner.Kind, "owner-kind", "PipelineRun", "the kind of the owning run: PipelineRun or TaskRun")
 	f.StringVar(&req.Owner.Name, "owner-name", "", "the owning run's name")
 	f.StringVar(&ownerUID, "owner-uid", "", "the owning run's UID")
 	f.StringVar(&secretRefResult, "result-secret-ref-file", "", "file to write the name of the space's Secret to (the secretRef result)")
 	f.StringVar(&namespaceResult, "result-namespace-file", "", "file to write the space namespace to (the namespace result)")
 	f.StringVar(&urlResult, "result-cluster-url-file", "", "file to write the URL of the cluster the space is on to")
-	for _, name := range []string{"space-request", "tier", "owner-name", "owner-uid"} {
+	for _, name := range []string{"space-request", "owner-name", "owner-uid"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
 	return cmd
@@ -412,17 +427,18 @@ func currentState(ctx context.Context, sf *spaceFlags, name string) string {
 
 func newClusterDeprovisionCommand() *cobra.Command {
 	var (
-		sf                 spaceFlags
-		pf                 pollFlags
-		name, spaceRequest string
+		sf                             spaceFlags
+		pf                             pollFlags
+		name, spaceRequest, spaceClaim string
 	)
 	cmd := &cobra.Command{
 		Use:   "deprovision",
-		Short: "Give a cluster back (delete its ClusterTemplateInstance) and/or the space (delete its SpaceRequest)",
+		Short: "Give a cluster back (delete its ClusterTemplateInstance) and/or the space (delete its claim or SpaceRequest)",
 		Long: `deprovision deletes the ClusterTemplateInstance --cluster-name in the space and waits until the
-service has torn the cluster down and the instance is gone; then, with --space-request, it
-deletes the SpaceRequest in the tenant namespace (and so the space and all in it) and waits until
-it is gone. What is gone already counts as given back.`,
+service has torn the cluster down and the instance is gone; then, with --space-claim or
+--space-request, it deletes the eaas Namespace claim or the SpaceRequest in the tenant namespace
+(and so the space and all in it) and waits until it is gone. What is gone already counts as
+given back.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -435,20 +451,25 @@ it is gone. What is gone already counts as given back.`,
 					return err
 				}
 			}
-			if spaceRequest != "" {
-				tenant, ns, err := sf.tenant.client()
-				if err != nil {
-					return err
-				}
-				return cluster.ReleaseSpace(cmd.Context(), tenant, ns, spaceRequest, pf.polling(), out)
+			if spaceRequest == "" && spaceClaim == "" {
+				return nil
 			}
-			return nil
+			tenant, ns, err := sf.tenant.client()
+			if err != nil {
+				return err
+			}
+			if spaceClaim != "" {
+				return cluster.ReleaseClaim(cmd.Context(), tenant, ns, spaceClaim, pf.polling(), out)
+			}
+			return cluster.ReleaseSpace(cmd.Context(), tenant, ns, spaceRequest, pf.polling(), out)
 		},
 	}
 	sf.register(cmd)
 	pf.register(cmd, 30*time.Minute, "each deletion to finish")
 	cmd.Flags().StringVar(&name, "cluster-name", "", "the ClusterTemplateInstance to delete (needs --space-kubeconfig or --space-secret)")
+	cmd.Flags().StringVar(&spaceClaim, "space-claim", "", "the eaas Namespace claim to delete, in the tenant namespace")
 	cmd.Flags().StringVar(&spaceRequest, "space-request", "", "the SpaceRequest to delete, in the tenant namespace")
-	cmd.MarkFlagsOneRequired("cluster-name", "space-request")
+	cmd.MarkFlagsMutuallyExclusive("space-claim", "space-request")
+	cmd.MarkFlagsOneRequired("cluster-name", "space-claim", "space-request")
 	return cmd
 }

@@ -105,7 +105,7 @@ func TestClusterTasksAreValidAndRunTheClusterCommands(t *testing.T) {
 		steps                       []string
 	}{
 		"provision-space.yaml": {
-			params:  []string{"tierName", "ownerKind", "ownerName", "ownerUid", "timeout", "image"},
+			params:  []string{"tierName", "ownerKind", "ownerName", "ownerUid", "api", "timeout", "image"},
 			results: []string{"secretRef", "namespace"},
 			steps:   []string{"provision-space"},
 		},

@@ -25,6 +25,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/realdata"
+	"github.com/berth-ci/berth/internal/dev/testground/spacestandin"
 )
 
 var (
@@ -34,15 +35,22 @@ var (
 	kube client.Client
 )
 
-// The control plane serves the real services' CRDs (../shared/real/crds) from its start, so
-// its garbage collector knows SpaceRequests at once and follows their owner references.
+// The control plane serves the real services' CRDs (../shared/real/crds) and the eaas
+// Namespace claim's (derived from the real XRD there) from its start, so its garbage collector
+// knows SpaceRequests and claims at once and follows their owner references.
 func TestMain(m *testing.M) {
 	crds, err := realdata.CRDDir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		os.Exit(1)
 	}
-	os.Exit(controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithCRDs(crds)}, adminClient))
+	claims, err := spacestandin.ClaimCRD()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	opts := []controlplane.Option{controlplane.WithCRDs(crds), controlplane.WithCRDObjects(claims)}
+	os.Exit(controlplane.RunTestsWith(m, &cp, opts, adminClient))
 }
 
 func adminClient(context.Context) error {

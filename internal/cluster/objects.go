@@ -1,5 +1,5 @@
 // Package cluster is the client side of ephemeral clusters for integration pipelines: it asks
-// a space service for a throwaway namespace (a SpaceRequest), asks the cluster-templates
+// a space service for a throwaway namespace (an eaas Namespace claim or a SpaceRequest), asks the cluster-templates
 // service in that namespace for a cluster (a ClusterTemplateInstance), waits for it, explains
 // a failure, hands out its credentials and gives it all back. Each exported function is one
 // step of a Tekton Task (berth cluster …) with its inputs spelled out.
@@ -20,9 +20,11 @@ import (
 
 var (
 	spaceRequestGVK = schema.GroupVersionKind{Group: "toolchain.dev.openshift.com", Version: "v1alpha1", Kind: "SpaceRequest"}
-	instanceGVK     = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplateInstance"}
-	templateGVK     = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplate"}
-	quotaGVK        = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplateQuota"}
+	// claimGVK is the eaas Namespace claim, served by Crossplane from the eaas XRD.
+	claimGVK    = schema.GroupVersionKind{Group: "eaas.konflux-ci.dev", Version: "v1alpha1", Kind: "Namespace"}
+	instanceGVK = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplateInstance"}
+	templateGVK = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplate"}
+	quotaGVK    = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplateQuota"}
 )
 
 // Keys of the Secrets the services write.
@@ -72,15 +74,29 @@ type spaceRequestView struct {
 			Name      string `json:"name"`
 			SecretRef string `json:"secretRef"`
 		} `json:"namespaceAccess,omitempty"`
-		// The toolchain's conditions carry no observedGeneration and an optional reason,
-		// unlike metav1.Condition.
-		Conditions []struct {
-			Type    string `json:"type"`
-			Status  string `json:"status"`
-			Reason  string `json:"reason,omitempty"`
-			Message string `json:"message,omitempty"`
-		} `json:"conditions,omitempty"`
+		Conditions []serviceCondition `json:"conditions,omitempty"`
 	} `json:"status"`
+}
+
+// claimView is what the steps read of an eaas Namespace claim (a Crossplane claim).
+type claimView struct {
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		WriteConnectionSecretToRef *localRef `json:"writeConnectionSecretToRef,omitempty"`
+	} `json:"spec"`
+	Status struct {
+		Conditions []serviceCondition `json:"conditions,omitempty"`
+	} `json:"status"`
+}
+
+// serviceCondition is a condition as the space services write them: the toolchain's carry no
+// observedGeneration and an optional reason, Crossplane's no observedGeneration either, unlike
+// metav1.Condition.
+type serviceCondition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
 }
 
 // instanceView is what the steps read of a ClusterTemplateInstance.

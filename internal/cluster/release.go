@@ -23,8 +23,15 @@ func Deprovision(ctx context.Context, space *Space, name string, p Polling, prog
 // ReleaseSpace deletes a SpaceRequest, and with it the space namespace and everything in it,
 // and waits until the SpaceRequest is gone. One that is gone already is released.
 func ReleaseSpace(ctx context.Context, tenant client.Client, namespace, name string, p Polling, progress io.Writer) error {
-	ref := fmt.Sprintf("SpaceRequest %s/%s", namespace, name)
-	return deleteAndWait(ctx, tenant, newObject(spaceRequestGVK, namespace, name), ref, p, progress)
+	obj := newObject(spaceRequestGVK, namespace, name)
+	return deleteAndWait(ctx, tenant, obj, describe(obj), p, progress)
+}
+
+// ReleaseClaim deletes an eaas Namespace claim, and with it the space namespace and everything
+// in it, and waits until the claim is gone. One that is gone already is released.
+func ReleaseClaim(ctx context.Context, tenant client.Client, namespace, name string, p Polling, progress io.Writer) error {
+	obj := newObject(claimGVK, namespace, name)
+	return deleteAndWait(ctx, tenant, obj, describe(obj), p, progress)
 }
 
 // deleteAndWait deletes an object (in the background: dependents go after it) and polls until

@@ -53,7 +53,7 @@ func TestDeprovisionDeletesTheInstanceAndWaitsForTheServiceToFinish(t *testing.T
 func TestReleaseSpaceDeletesTheRequest(t *testing.T) {
 	ctx := context.Background()
 	tenant := newNamespace(t, "tenant")
-	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", Owner: newRun(t, tenant)}
+	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", API: SpaceAPISpaceRequest, Owner: newRun(t, tenant)}
 	service := serveSpace(tenant, req.Name)
 	if _, err := ProvisionSpace(ctx, kube, req, fast, &log{}); err != nil {
 		t.Fatal(err)

@@ -54,21 +54,13 @@ func serveSpace(namespace, name string) <-chan served {
 
 // awaitSpaceRequest polls until a SpaceRequest exists.
 func awaitSpaceRequest(namespace, name string) (*unstructured.Unstructured, error) {
-	sr := newObject(spaceRequestGVK, namespace, name)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := kube.Get(context.Background(), client.ObjectKeyFromObject(sr), sr)
-		if err == nil || !apierrors.IsNotFound(err) || time.Now().After(deadline) {
-			return sr, err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return awaitObject(newObject(spaceRequestGVK, namespace, name))
 }
 
 func TestProvisionSpaceWaitsUntilReadyAndReusesTheRequestOnARerun(t *testing.T) {
 	ctx := context.Background()
 	tenant := newNamespace(t, "tenant")
-	req := SpaceRequest{Namespace: tenant, Name: "integration-run", TierName: "appstudio-env", Owner: newRun(t, tenant)}
+	req := SpaceRequest{Namespace: tenant, Name: "integration-run", TierName: "appstudio-env", API: SpaceAPISpaceRequest, Owner: newRun(t, tenant)}
 	service := serveSpace(tenant, req.Name)
 	var progress log
 	access, err := ProvisionSpace(ctx, kube, req, fast, &progress)
@@ -80,6 +72,18 @@ func TestProvisionSpaceWaitsUntilReadyAndReusesTheRequestOnARerun(t *testing.T) 
 	}
 	mustContain(t, "the progress", progress.String(), "created SpaceRequest "+tenant+"/integration-run", "Ready=True (Provisioned)")
 
+	actsAndIsReused(t, req, access, "reusing SpaceRequest")
+	list := newList(spaceRequestGVK)
+	if err := kube.List(ctx, list, client.InNamespace(tenant)); err != nil || len(list.Items) != 1 {
+		t.Fatalf("want one SpaceRequest after two runs, got %d (%v)", len(list.Items), err)
+	}
+}
+
+// actsAndIsReused checks that the space's kubeconfig acts in the space and that a re-run of
+// req gets the same space, its progress saying reused.
+func actsAndIsReused(t *testing.T, req SpaceRequest, access SpaceAccess, reused string) {
+	t.Helper()
+	ctx := context.Background()
 	space, err := SpaceFromSecret(ctx, kube, access)
 	if err != nil {
 		t.Fatal(err)
@@ -87,17 +91,11 @@ func TestProvisionSpaceWaitsUntilReadyAndReusesTheRequestOnARerun(t *testing.T) 
 	if err := makeTemplateInstanceProbe(ctx, space); err != nil {
 		t.Fatalf("the space's kubeconfig does not act in the space: %v", err)
 	}
-
-	progress = log{}
-	again, err := ProvisionSpace(ctx, kube, req, fast, &progress)
-	if err != nil || again != access {
+	var progress log
+	if again, err := ProvisionSpace(ctx, kube, req, fast, &progress); err != nil || again != access {
 		t.Fatalf("a re-run got %+v, %v; want the same space %+v", again, err, access)
 	}
-	mustContain(t, "the re-run's progress", progress.String(), "reusing SpaceRequest")
-	list := newList(spaceRequestGVK)
-	if err := kube.List(ctx, list, client.InNamespace(tenant)); err != nil || len(list.Items) != 1 {
-		t.Fatalf("want one SpaceRequest after two runs, got %d (%v)", len(list.Items), err)
-	}
+	mustContain(t, "the re-run's progress", progress.String(), reused)
 }
 
 // The space lives as long as its run: deleting the run deletes the SpaceRequest (and the
@@ -108,7 +106,7 @@ func TestDeletingTheRunDeletesItsSpace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tenant := newNamespace(t, "tenant")
-	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", Owner: newRun(t, tenant)}
+	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", API: SpaceAPISpaceRequest, Owner: newRun(t, tenant)}
 	service := serveSpace(tenant, req.Name)
 	if _, err := ProvisionSpace(ctx, kube, req, fast, &log{}); err != nil {
 		t.Fatal(err)
@@ -133,7 +131,7 @@ func makeTemplateInstanceProbe(ctx context.Context, space *Space) error {
 func TestProvisionSpaceFailsAtOnceWhenTheServiceCannotServeIt(t *testing.T) {
 	ctx := context.Background()
 	tenant := newNamespace(t, "tenant")
-	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "no-such-tier", Owner: newRun(t, tenant)}
+	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "no-such-tier", API: SpaceAPISpaceRequest, Owner: newRun(t, tenant)}
 	refused := make(chan error, 1)
 	go func() {
 		sr, err := awaitSpaceRequest(tenant, req.Name)
@@ -155,7 +153,7 @@ func TestProvisionSpaceFailsAtOnceWhenTheServiceCannotServeIt(t *testing.T) {
 
 func TestProvisionSpaceTimesOutSayingWhereItStood(t *testing.T) {
 	tenant := newNamespace(t, "tenant")
-	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", Owner: newRun(t, tenant)}
+	req := SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", API: SpaceAPISpaceRequest, Owner: newRun(t, tenant)}
 	_, err := ProvisionSpace(context.Background(), kube, req, Polling{Timeout: 300 * time.Millisecond, Interval: fast.Interval}, &log{})
 	mustContain(t, "the error", errText(err), "SpaceRequest "+tenant+"/run is not ready after 300ms", "Ready=Unknown")
 }
@@ -171,7 +169,7 @@ func TestProvisionSpaceRefusesAnOwnerThatWouldDeleteItAtOnce(t *testing.T) {
 		"no owner name": {Kind: "TaskRun", UID: owner.UID},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := ProvisionSpace(ctx, kube, SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", Owner: o}, fast, &log{})
+			_, err := ProvisionSpace(ctx, kube, SpaceRequest{Namespace: tenant, Name: "run", TierName: "appstudio-env", API: SpaceAPISpaceRequest, Owner: o}, fast, &log{})
 			if err == nil {
 				t.Fatal("accepted")
 			}

@@ -352,7 +352,7 @@ func TestEphemeralClusterBeyondTheSpacesQuotaIsRefusedAtOnce(t *testing.T) {
 }
 
 // `berth cluster deprovision`, run as a step the way a pipeline's finally task would, gives the
-// cluster back (its instance and control plane go, the space stays), then the space.
+// cluster back (its instance and control plane go, the space stays), then the space (its claim).
 func TestEphemeralClusterDeprovisionRemovesItsControlPlane(t *testing.T) {
 	t.Parallel()
 	ns := tenant(t, "e2e-deprovision")
@@ -380,9 +380,9 @@ func TestEphemeralClusterDeprovisionRemovesItsControlPlane(t *testing.T) {
 		t.Errorf("the space namespace went with the cluster: %v", err)
 	}
 
-	tr = runTask(t, deprovision(ns, "finally-space-back", "", "--namespace=$(context.taskRun.namespace)", "--space-request="+run.Space.Name))
-	mustSucceed(t, tr, "berth cluster deprovision --space-request")
-	gone(t, "SpaceRequest "+ns+"/"+run.Space.Name, object(spaceRequestGVK, ns, run.Space.Name))
+	tr = runTask(t, deprovision(ns, "finally-space-back", "", "--namespace=$(context.taskRun.namespace)", "--space-claim="+run.Space.Name))
+	mustSucceed(t, tr, "berth cluster deprovision --space-claim")
+	gone(t, "Namespace claim "+ns+"/"+run.Space.Name, object(claimGVK, ns, run.Space.Name))
 	gone(t, "space namespace "+run.SpaceNamespace, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: run.SpaceNamespace}})
 }
 

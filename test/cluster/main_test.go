@@ -1,7 +1,8 @@
 // Package cluster shows an integration pipeline's ephemeral cluster end to end, as a tenant
 // sees it: the berth-provision-space and berth-ephemeral-cluster Tasks run (by the Tekton
 // stand-in, each step a real berth binary in a sandbox, acting as the tenant's ServiceAccount)
-// against stand-ins of the space and cluster-template services, whose clusters are real second
+// against stand-ins of the space service (serving both its APIs, the eaas Namespace claim and
+// the SpaceRequest) and the cluster-template service, whose clusters are real second
 // kube-apiservers. Faults are chosen by the template a test names. What the tests assert is
 // what a person reads: the TaskRuns' outcome and messages, the steps' output, and what is left
 // running afterwards.
@@ -31,6 +32,9 @@ import (
 )
 
 var stack *devstack.Stack
+
+// berthBinary is the berth the steps run, for a test that runs it itself.
+var berthBinary string
 
 // steps holds every line the stack's steps printed, each behind "[namespace/taskrun step] ".
 var steps = &stepLog{}
@@ -80,6 +84,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
+	berthBinary = berth
 	// The stand-ins' controllers log to controller-runtime's logger; the tests read what the
 	// Tasks print instead.
 	ctrl.SetLogger(logr.Discard())

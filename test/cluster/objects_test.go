@@ -29,8 +29,11 @@ var (
 	quotaGVK    = schema.GroupVersionKind{Group: "clustertemplate.openshift.io", Version: "v1alpha1", Kind: "ClusterTemplateQuota"}
 )
 
-// spaceRequestGVK is the space service's request, in the tenant's namespace.
-var spaceRequestGVK = schema.GroupVersionKind{Group: "toolchain.dev.openshift.com", Version: "v1alpha1", Kind: "SpaceRequest"}
+// The space service's request and claim, in the tenant's namespace.
+var (
+	spaceRequestGVK = schema.GroupVersionKind{Group: "toolchain.dev.openshift.com", Version: "v1alpha1", Kind: "SpaceRequest"}
+	claimGVK        = schema.GroupVersionKind{Group: "eaas.konflux-ci.dev", Version: "v1alpha1", Kind: "Namespace"}
+)
 
 // admin is the test's own eyes: the control plane's administrator, never a Task's hands.
 func admin() client.Client { return stack.ControlPlane.Client }
@@ -211,8 +214,8 @@ func runTask(t *testing.T, tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 // names where it is kept and never quotes it.
 type secrets map[string]string
 
-// add reads Secrets and keeps their values: each value whole (but a user name, which is no
-// secret) and, for a kubeconfig, each credential in it on its own, and the base64 of each.
+// add reads Secrets and keeps their values: each value whole (but those of notSecret) and, for
+// a kubeconfig, each credential in it on its own, and the base64 of each.
 func (s secrets) add(t *testing.T, namespace string, names ...string) {
 	t.Helper()
 	for _, name := range names {
@@ -221,7 +224,7 @@ func (s secrets) add(t *testing.T, namespace string, names ...string) {
 			t.Fatalf("reading Secret %s/%s: %v", namespace, name, err)
 		}
 		for key, value := range secret.Data {
-			if key == "username" {
+			if notSecret[key] {
 				continue
 			}
 			where := fmt.Sprintf("key %s of Secret %s/%s", key, namespace, name)
@@ -238,6 +241,11 @@ func (s secrets) add(t *testing.T, namespace string, names ...string) {
 		}
 	}
 }
+
+// notSecret are keys of the Secrets above whose values the steps may print: a user name, and
+// the space namespace, account name and apiserver a claim's connection Secret names beside
+// its kubeconfig and token.
+var notSecret = map[string]bool{"username": true, "namespace": true, "serviceaccount": true, "apiserver": true}
 
 // keep notes a value, unless it is too short to mean anything when found in a log.
 func (s secrets) keep(where, value string) {

@@ -25,6 +25,10 @@ type ClusterRequest struct {
 	CredentialsSecret string
 	// Timeout is berth-ephemeral-cluster's timeout param (a Go duration).
 	Timeout string
+	// SpaceAPI is berth-provision-space's api param; empty leaves its default, auto.
+	SpaceAPI string
+	// SpaceTimeout is berth-provision-space's timeout param; empty leaves its default.
+	SpaceTimeout string
 	// Use is the command line the last TaskRun runs against the cluster in the kubectl image,
 	// after `kubectl --kubeconfig <the cluster's>`; nil runs none.
 	Use []string
@@ -87,6 +91,12 @@ func (s *Stack) provisionSpace(ctx context.Context, req ClusterRequest) (*Cluste
 				param("ownerUid", "$(context.taskRun.uid)"),
 			},
 		},
+	}
+	if req.SpaceAPI != "" {
+		space.Spec.Params = append(space.Spec.Params, param("api", req.SpaceAPI))
+	}
+	if req.SpaceTimeout != "" {
+		space.Spec.Params = append(space.Spec.Params, param("timeout", req.SpaceTimeout))
 	}
 	var err error
 	if run.Space, err = s.runTask(ctx, space); err != nil {

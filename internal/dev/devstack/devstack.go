@@ -62,8 +62,9 @@ type Options struct {
 	// WithoutGarbageCollector runs no kube-controller-manager: for tests that show berth
 	// cleans up after itself on a cluster where owner references are not followed.
 	WithoutGarbageCollector bool
-	// ClusterServices serves the real space and cluster-template CRDs (../shared/real/crds)
-	// and starts the stand-ins of their services, for ephemeral clusters.
+	// ClusterServices serves the real space and cluster-template CRDs (../shared/real/crds),
+	// the eaas Namespace claim's CRD derived from the real XRD there, and starts the stand-ins
+	// of their services, for ephemeral clusters.
 	ClusterServices bool
 	// BerthBinary, if set, is what steps of berth's image (BerthImage) run as berth, as in the
 	// image: the production berth (berth-dev passes bin/berth), not berth-dev. The kubectl
@@ -235,7 +236,11 @@ func (s *Stack) startControlPlane(opts Options, stateDir string) (string, error)
 		if err != nil {
 			return "", err
 		}
-		cpOpts = append(cpOpts, controlplane.WithCRDs(crds))
+		claims, err := spacestandin.ClaimCRD()
+		if err != nil {
+			return "", err
+		}
+		cpOpts = append(cpOpts, controlplane.WithCRDs(crds), controlplane.WithCRDObjects(claims))
 	}
 	if opts.LogDir != "" {
 		cpOpts = append(cpOpts, controlplane.WithLogDir(opts.LogDir))

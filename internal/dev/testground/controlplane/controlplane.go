@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
@@ -63,6 +64,7 @@ type options struct {
 	withoutGarbageCollector bool
 	withoutDefaultCRDs      bool
 	crdDirs                 []string
+	crds                    []*apiextensionsv1.CustomResourceDefinition
 	logDir                  string
 	auditLog                string
 	auditRules              []auditv1.PolicyRule
@@ -81,6 +83,14 @@ func WithoutGarbageCollector() Option {
 // not below it), as the services berth talks to would have them installed.
 func WithCRDs(dirs ...string) Option {
 	return func(o *options) { o.crdDirs = append(o.crdDirs, dirs...) }
+}
+
+// WithCRDObjects installs CustomResourceDefinitions made in memory too, such as one derived
+// from a Crossplane XRD. Installed before kube-controller-manager starts, their objects' owner
+// references are followed from the start: its garbage collector notices a CRD created later
+// only at its next discovery, up to 30 seconds on.
+func WithCRDObjects(crds ...*apiextensionsv1.CustomResourceDefinition) Option {
+	return func(o *options) { o.crds = append(o.crds, crds...) }
 }
 
 // WithoutDefaultCRDs installs neither Tekton's CRDs nor berth's: a bare cluster, like the
@@ -120,6 +130,7 @@ func Start(opts ...Option) (*ControlPlane, error) {
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    bins,
 		CRDDirectoryPaths:        crds,
+		CRDs:                     o.crds,
 		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: time.Minute,

@@ -33,8 +33,8 @@ const aggregationWait = 500 * time.Millisecond
 // deleted.
 func (s *StandIn) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	u := newUnstructured()
-	if err := s.client.Get(ctx, req.NamespacedName, u); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+	if found, err := s.fetch(ctx, req, u, finalizer); !found || err != nil {
+		return reconcile.Result{}, err
 	}
 	sr, err := fromUnstructured(u)
 	if err != nil {
@@ -43,12 +43,21 @@ func (s *StandIn) reconcile(ctx context.Context, req reconcile.Request) (reconci
 	if sr.DeletionTimestamp != nil {
 		return reconcile.Result{}, s.release(ctx, u, sr)
 	}
-	if controllerutil.AddFinalizer(u, finalizer) {
+	return s.provision(ctx, u, sr)
+}
+
+// fetch reads the SpaceRequest or claim req names into u and, unless it is being deleted, holds
+// it with finalizer until its namespace is gone. found is false when it is gone.
+func (s *StandIn) fetch(ctx context.Context, req reconcile.Request, u *unstructured.Unstructured, finalizer string) (found bool, err error) {
+	if err := s.client.Get(ctx, req.NamespacedName, u); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if u.GetDeletionTimestamp() == nil && controllerutil.AddFinalizer(u, finalizer) {
 		if err := s.client.Update(ctx, u); err != nil {
-			return reconcile.Result{}, fmt.Errorf("adding the finalizer to SpaceRequest %s: %w", req, err)
+			return false, fmt.Errorf("adding the finalizer to %s %s: %w", u.GetKind(), req, err)
 		}
 	}
-	return s.provision(ctx, u, sr)
+	return true, nil
 }
 
 // provision makes the space namespace, its admin account and the access Secret, and reports
@@ -97,13 +106,76 @@ func (s *StandIn) provision(ctx context.Context, u *unstructured.Unstructured, s
 // release deletes the space namespace and lets the request go once the namespace is gone (its
 // access Secret goes with the request, by its owner reference).
 func (s *StandIn) release(ctx context.Context, u *unstructured.Unstructured, sr *spaceRequest) error {
+	return s.letGo(ctx, u, finalizer, func() ([]corev1.Namespace, error) { return s.spaceNamespaces(ctx, sr) }, func() error {
+		return s.writeStatus(ctx, u, sr, sr.Status.withReady("False", reasonTerminating, ""))
+	})
+}
+
+// letGo deletes the namespaces made for u, a SpaceRequest or claim being deleted, reporting it
+// with terminating, and once none is left removes the finalizer that held u, so that it goes.
+func (s *StandIn) letGo(ctx context.Context, u *unstructured.Unstructured, finalizer string, made func() ([]corev1.Namespace, error), terminating func() error) error {
 	if !controllerutil.ContainsFinalizer(u, finalizer) {
 		return nil
 	}
-	namespaces, err := s.spaceNamespaces(ctx, sr)
+	namespaces, err := made()
 	if err != nil {
 		return err
 	}
+	if len(namespaces) > 0 {
+		if err := s.deleteNamespaces(ctx, namespaces); err != nil {
+			return err
+		}
+		// The namespace watch brings u back when the namespace controller is done.
+		return terminating()
+	}
+	controllerutil.RemoveFinalizer(u, finalizer)
+	if err := s.client.Update(ctx, u); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing the finalizer of %s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err)
+	}
+	return nil
+}
+
+// writeStatus writes status unless it is what sr already has.
+func (s *StandIn) writeStatus(ctx context.Context, u *unstructured.Unstructured, sr *spaceRequest, status spaceRequestStatus) error {
+	if err := s.updateStatus(ctx, u, &sr.Status, &status); err != nil {
+		return err
+	}
+	sr.Status = status
+	return nil
+}
+
+// updateStatus writes status to u's status subresource unless it equals current (both
+// pointers to a status struct).
+func (s *StandIn) updateStatus(ctx context.Context, u *unstructured.Unstructured, current, status any) error {
+	if equality.Semantic.DeepEqual(current, status) {
+		return nil
+	}
+	if err := setStatus(u, status); err != nil {
+		return err
+	}
+	if err := s.client.Status().Update(ctx, u); err != nil {
+		return fmt.Errorf("updating the status of %s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err)
+	}
+	return nil
+}
+
+// spaceNamespaces are the namespaces labelled as the request's.
+func (s *StandIn) spaceNamespaces(ctx context.Context, sr *spaceRequest) ([]corev1.Namespace, error) {
+	return s.labelledNamespaces(ctx, "SpaceRequest", sr.Namespace, sr.Name, client.MatchingLabels{labelSpaceRequest: sr.Name, labelSpaceRequestNamespace: sr.Namespace})
+}
+
+// labelledNamespaces are the namespaces labels mark as made for the kind's object
+// namespace/name.
+func (s *StandIn) labelledNamespaces(ctx context.Context, kind, namespace, name string, labels client.MatchingLabels) ([]corev1.Namespace, error) {
+	var list corev1.NamespaceList
+	if err := s.client.List(ctx, &list, labels); err != nil {
+		return nil, fmt.Errorf("listing the namespaces of %s %s/%s: %w", kind, namespace, name, err)
+	}
+	return list.Items, nil
+}
+
+// deleteNamespaces deletes those of namespaces that are not being deleted yet.
+func (s *StandIn) deleteNamespaces(ctx context.Context, namespaces []corev1.Namespace) error {
 	for i := range namespaces {
 		ns := &namespaces[i]
 		if ns.DeletionTimestamp == nil {
@@ -112,45 +184,16 @@ func (s *StandIn) release(ctx context.Context, u *unstructured.Unstructured, sr 
 			}
 		}
 	}
-	if len(namespaces) > 0 {
-		// The namespace watch brings the request back when the namespace controller is done.
-		return s.writeStatus(ctx, u, sr, sr.Status.withReady("False", reasonTerminating, ""))
-	}
-	controllerutil.RemoveFinalizer(u, finalizer)
-	if err := s.client.Update(ctx, u); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("removing the finalizer of SpaceRequest %s/%s: %w", sr.Namespace, sr.Name, err)
-	}
 	return nil
-}
-
-// writeStatus writes status unless it is what sr already has.
-func (s *StandIn) writeStatus(ctx context.Context, u *unstructured.Unstructured, sr *spaceRequest, status spaceRequestStatus) error {
-	if equality.Semantic.DeepEqual(sr.Status, status) {
-		return nil
-	}
-	if err := setStatus(u, status); err != nil {
-		return err
-	}
-	if err := s.client.Status().Update(ctx, u); err != nil {
-		return fmt.Errorf("updating the status of SpaceRequest %s/%s: %w", sr.Namespace, sr.Name, err)
-	}
-	sr.Status = status
-	return nil
-}
-
-// spaceNamespaces are the namespaces labelled as the request's.
-func (s *StandIn) spaceNamespaces(ctx context.Context, sr *spaceRequest) ([]corev1.Namespace, error) {
-	var list corev1.NamespaceList
-	err := s.client.List(ctx, &list, client.MatchingLabels{labelSpaceRequest: sr.Name, labelSpaceRequestNamespace: sr.Namespace})
-	if err != nil {
-		return nil, fmt.Errorf("listing the namespaces of SpaceRequest %s/%s: %w", sr.Namespace, sr.Name, err)
-	}
-	return list.Items, nil
 }
 
 // spaceNamespace is the request's namespace, or nil if it has none yet.
 func (s *StandIn) spaceNamespace(ctx context.Context, sr *spaceRequest) (*corev1.Namespace, error) {
-	namespaces, err := s.spaceNamespaces(ctx, sr)
+	return first(s.spaceNamespaces(ctx, sr))
+}
+
+// first is the first of namespaces, or nil.
+func first(namespaces []corev1.Namespace, err error) (*corev1.Namespace, error) {
 	if err != nil || len(namespaces) == 0 {
 		return nil, err
 	}
@@ -257,16 +300,30 @@ func (s *StandIn) accessSecret(ctx context.Context, sr *spaceRequest, namespace 
 
 // kubeconfig acts as the namespace's admin account with a token from the TokenRequest API.
 func (s *StandIn) kubeconfig(ctx context.Context, namespace string) ([]byte, error) {
+	token, err := s.token(ctx, namespace)
+	if err != nil {
+		return nil, err
+	}
+	return s.kubeconfigWith(namespace, token)
+}
+
+// token is a new token of the namespace's admin account.
+func (s *StandIn) token(ctx context.Context, namespace string) (string, error) {
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: serviceAccountName, Namespace: namespace}}
 	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		ExpirationSeconds: ptr.To(int64(tokenLifetime / time.Second)),
 	}}
 	if err := s.client.SubResource("token").Create(ctx, sa, tr); err != nil {
-		return nil, fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, serviceAccountName, err)
+		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, serviceAccountName, err)
 	}
+	return tr.Status.Token, nil
+}
+
+// kubeconfigWith acts with token in namespace, which is its context's.
+func (s *StandIn) kubeconfigWith(namespace, token string) ([]byte, error) {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["default-cluster"] = &clientcmdapi.Cluster{Server: s.opts.APIServerURL, CertificateAuthorityData: s.opts.CAData}
-	cfg.AuthInfos[serviceAccountName] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	cfg.AuthInfos[serviceAccountName] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["default-context"] = &clientcmdapi.Context{Cluster: "default-cluster", AuthInfo: serviceAccountName, Namespace: namespace}
 	cfg.CurrentContext = "default-context"
 	return clientcmd.Write(*cfg)

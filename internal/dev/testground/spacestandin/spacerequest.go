@@ -70,23 +70,32 @@ type condition struct {
 	LastUpdatedTime    *metav1.Time `json:"lastUpdatedTime,omitempty"`
 }
 
-func newUnstructured() *unstructured.Unstructured {
+func newUnstructured() *unstructured.Unstructured { return newObject(spaceRequestGVK) }
+
+func fromUnstructured(u *unstructured.Unstructured) (*spaceRequest, error) {
+	return decode[spaceRequest](u, "SpaceRequest")
+}
+
+// newObject is an empty object of a kind the stand-in serves, for the apiserver to fill.
+func newObject(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(spaceRequestGVK)
+	u.SetGroupVersionKind(gvk)
 	return u
 }
 
-func fromUnstructured(u *unstructured.Unstructured) (*spaceRequest, error) {
-	var sr spaceRequest
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &sr); err != nil {
-		return nil, fmt.Errorf("reading SpaceRequest %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+// decode reads u into the stand-in's typed view of its kind; what names the kind in errors.
+func decode[T any](u *unstructured.Unstructured, what string) (*T, error) {
+	var v T
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &v); err != nil {
+		return nil, fmt.Errorf("reading %s %s/%s: %w", what, u.GetNamespace(), u.GetName(), err)
 	}
-	return &sr, nil
+	return &v, nil
 }
 
-// setStatus puts status into u, for an update of the status subresource.
-func setStatus(u *unstructured.Unstructured, status spaceRequestStatus) error {
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&status)
+// setStatus puts status (a spaceRequestStatus or claimStatus) into u, for an update of the
+// status subresource.
+func setStatus(u *unstructured.Unstructured, status any) error {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
 	if err != nil {
 		return err
 	}
@@ -104,26 +113,35 @@ func (s spaceRequestStatus) ready() *condition {
 	return nil
 }
 
-// withReady returns a copy of s whose Ready condition is set as given, keeping the times of an
-// unchanged condition so that an unchanged status is written no more, and its transition time
-// while only the reason or message moves.
+// withReady returns a copy of s whose Ready condition is set as given.
 func (s spaceRequestStatus) withReady(status, reason, message string) spaceRequestStatus {
 	out := s
-	out.Conditions = nil
+	out.Conditions = withCondition(s.Conditions, condition{Type: conditionReady, Status: status, Reason: reason, Message: message}, true)
+	return out
+}
+
+// withCondition returns conds with c in place of the condition of its type, stamped now but
+// keeping the old times of an unchanged condition, so that an unchanged status is written no
+// more, and its transition time while only the reason or message moves. Only the toolchain's
+// conditions have an update time (stampUpdate).
+func withCondition(conds []condition, c condition, stampUpdate bool) []condition {
 	now := metav1.Now()
-	c := condition{Type: conditionReady, Status: status, Reason: reason, Message: message, LastTransitionTime: &now, LastUpdatedTime: &now}
-	for _, old := range s.Conditions {
-		if old.Type != conditionReady {
-			out.Conditions = append(out.Conditions, old)
+	c.LastTransitionTime = &now
+	if stampUpdate {
+		c.LastUpdatedTime = &now
+	}
+	var out []condition
+	for _, old := range conds {
+		if old.Type != c.Type {
+			out = append(out, old)
 			continue
 		}
-		if old.Status == status {
+		if old.Status == c.Status {
 			c.LastTransitionTime = old.LastTransitionTime
-			if old.Reason == reason && old.Message == message {
+			if stampUpdate && old.Reason == c.Reason && old.Message == c.Message {
 				c.LastUpdatedTime = old.LastUpdatedTime
 			}
 		}
 	}
-	out.Conditions = append(out.Conditions, c)
-	return out
+	return append(out, c)
 }

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -32,7 +33,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		os.Exit(1)
 	}
-	os.Exit(controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithCRDs(crds)}, func(ctx context.Context) error {
+	claims, err := ClaimCRD()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		os.Exit(1)
+	}
+	opts := []controlplane.Option{controlplane.WithCRDs(crds), controlplane.WithCRDObjects(claims)}
+	os.Exit(controlplane.RunTestsWith(m, &cp, opts, func(ctx context.Context) error {
 		return startStandIn(ctx)
 	}))
 }
@@ -77,21 +84,29 @@ func createRequest(t *testing.T, namespace, name, tier string) types.NamespacedN
 // waitForRequest polls the request until cond holds and returns it.
 func waitForRequest(t *testing.T, key types.NamespacedName, what string, cond func(*spaceRequest) bool) *spaceRequest {
 	t.Helper()
-	var last *spaceRequest
+	return waitFor(t, spaceRequestGVK, key, what, fromUnstructured, cond)
+}
+
+// waitFor polls the object of gvk at key until cond holds on the stand-in's view of it (read)
+// and returns that.
+func waitFor[T any](t *testing.T, gvk schema.GroupVersionKind, key types.NamespacedName, what string,
+	read func(*unstructured.Unstructured) (*T, error), cond func(*T) bool) *T {
+	t.Helper()
+	var last *T
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, patience, true, func(ctx context.Context) (bool, error) {
-		u := newUnstructured()
+		u := newObject(gvk)
 		if err := cp.Client.Get(ctx, key, u); err != nil {
 			return false, err
 		}
-		sr, err := fromUnstructured(u)
+		v, err := read(u)
 		if err != nil {
 			return false, err
 		}
-		last = sr
-		return cond(sr), nil
+		last = v
+		return cond(v), nil
 	})
 	if err != nil {
-		t.Fatalf("SpaceRequest %s: %s: %v; last status %+v", key, what, err, last.Status)
+		t.Fatalf("%s %s: %s: %v; last seen %+v", gvk.Kind, key, what, err, last)
 	}
 	return last
 }
@@ -197,14 +212,20 @@ func TestSpaceRequestGivesAdminRightsInItsNamespaceOnly(t *testing.T) {
 // deleteRequest deletes a SpaceRequest and waits until it is gone.
 func deleteRequest(t *testing.T, key types.NamespacedName) {
 	t.Helper()
-	u := newUnstructured()
+	deleteAndWait(t, spaceRequestGVK, key)
+}
+
+// deleteAndWait deletes the object of gvk at key and waits until it is gone.
+func deleteAndWait(t *testing.T, gvk schema.GroupVersionKind, key types.NamespacedName) {
+	t.Helper()
+	u := newObject(gvk)
 	u.SetNamespace(key.Namespace)
 	u.SetName(key.Name)
 	if err := cp.Client.Delete(context.Background(), u); err != nil {
-		t.Fatalf("deleting SpaceRequest %s: %v", key, err)
+		t.Fatalf("deleting %s %s: %v", gvk.Kind, key, err)
 	}
-	waitGone(t, "SpaceRequest "+key.String(), func() error {
-		return cp.Client.Get(context.Background(), key, newUnstructured())
+	waitGone(t, gvk.Kind+" "+key.String(), func() error {
+		return cp.Client.Get(context.Background(), key, newObject(gvk))
 	})
 }
 
