@@ -162,6 +162,11 @@ func putNeutral(t *testing.T, cm *corev1.ConfigMap) {
 // setData replaces the ConfigMap's data.
 func setData(t *testing.T, cm *corev1.ConfigMap, data map[string]string) {
 	t.Helper()
+	// The test may have written the ConfigMap meanwhile through another copy: start from the
+	// stored one.
+	if err := cp.Client.Get(context.Background(), client.ObjectKeyFromObject(cm), cm); err != nil {
+		t.Fatal(err)
+	}
 	cm.Data = maps.Clone(data)
 	if err := cp.Client.Update(context.Background(), cm); err != nil {
 		t.Fatal(err)

@@ -113,13 +113,13 @@ func TestEditsAreJudgedPerPlatform(t *testing.T) {
 	if err := cp.Client.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "host-config", Namespace: ns, Labels: map[string]string{ConfigLabel: "hosts"}},
-		Data:       armData(hostData("s390x-1", "s390x-2")),
-	}
-	if err := cp.Client.Create(ctx, cm); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() {
+		if err := cp.Client.Delete(ctx, secret); err != nil {
+			t.Error(err)
+		}
+	})
+	cm := watchedConfigMap(t)
+	setData(t, cm, armData(hostData("s390x-1", "s390x-2")))
 	eventually(t, "the valid config is in force", func() bool {
 		cfg := store.Config()
 		return cfg != nil && len(cfg.HostsFor("linux/s390x")) == 2 && cfg.Usable("linux/arm64")
@@ -236,16 +236,10 @@ func restartedWatcher(t *testing.T) *Watcher {
 }
 
 func TestMissingSecretIsReported(t *testing.T) {
-	ctx := context.Background()
-	var list corev1.ConfigMapList
-	if err := cp.Client.List(ctx, &list, client.InNamespace(ns), client.HasLabels{ConfigLabel}); err != nil || len(list.Items) != 1 {
-		t.Fatalf("expected the config from the previous test: %v %d", err, len(list.Items))
-	}
-	cm := &list.Items[0]
-	cm.Data["host.s390x-1.secret"] = "no-such-secret"
-	if err := cp.Client.Update(ctx, cm); err != nil {
-		t.Fatal(err)
-	}
+	cm := watchedConfigMap(t)
+	data := armData(hostData("s390x-1", "s390x-2"))
+	data["host.s390x-1.secret"] = "no-such-secret"
+	setData(t, cm, data)
 	eventually(t, "a SecretMissing Event names the key and the secret", func() bool {
 		return eventWith(t, cm.Name, ReasonSecretMissing, "host.s390x-1.secret: secret berth-system/no-such-secret does not exist")
 	})
