@@ -280,9 +280,23 @@ func dialIn(netns string) func(ctx context.Context, network, addr string) (net.C
 		}
 		done := make(chan dialed, 1)
 		go func() {
-			// The thread enters the namespace and is never handed back: the runtime ends it
-			// with this goroutine, so no other goroutine ever runs in the host's network.
+			// The thread enters the namespace and goes back to this process's before it is
+			// handed back. Were it left there, the runtime would end it with this goroutine,
+			// unless it is the main thread, which the runtime never ends: parked in the host's
+			// namespace, it would make this process one of the host's, and the host's Close,
+			// which kills every process in its namespace, would kill the test binary.
 			runtime.LockOSThread()
+			home, err := os.Open("/proc/thread-self/ns/net")
+			if err != nil {
+				done <- dialed{err: err}
+				return
+			}
+			defer home.Close()
+			defer func() {
+				if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+					runtime.UnlockOSThread()
+				}
+			}()
 			ns, err := os.Open(filepath.Join("/run/netns", netns))
 			if err != nil {
 				done <- dialed{err: err}

@@ -94,6 +94,11 @@ func killNetnsProcesses(ns string) error {
 			return fmt.Errorf("%s: processes %v survive SIGKILL", ns, pids)
 		}
 		for _, pid := range pids {
+			if pid == os.Getpid() {
+				// A thread of this process entered the namespace and stayed: killing it would
+				// kill the caller, a test binary, without a word.
+				return fmt.Errorf("%s: this process (%d) has a thread in the namespace", ns, pid)
+			}
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 				return fmt.Errorf("%s: kill %d: %w", ns, pid, err)
 			}
