@@ -375,7 +375,7 @@ func (p *parser) parseDynamic() {
 			}
 		}
 		p.checkProvider(platform, d, provider, fail)
-		if platform.OS() == "windows" && !strings.Contains(fields["user-data"], "ssh/berth/%u/authorized_keys") {
+		if platform.OS() == "windows" && !strings.Contains(fields["user-data"], windowsKeysPath) {
 			// The AMI may set it: a warning, not an error.
 			key := "user-data"
 			if _, set := fields[key]; !set {

@@ -87,16 +87,17 @@ func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	types := cloud.InstanceTypes(p)
 	inst, err := p.Launch(ctx, cloud.LaunchRequest{Token: Token(rec), Name: rec.Name, Tags: v.providers.tags(installation, in.Platform, rec.Name), Fallback: in.Fallback})
 	if err != nil {
-		if types := cloud.InstanceTypes(p); cloud.KindOf(err) == cloud.Capacity && len(types) > 1 {
+		if cloud.KindOf(err) == cloud.Capacity && len(types) > 1 {
 			return v.fallBack(ctx, rec, types, err)
 		}
 		return v.launchFailed(ctx, rec, err)
 	}
 	next := rec.DeepCopy()
 	next.Status.Instance.ID, next.Status.Instance.Phase = inst.ID, berthv1.InstanceBooting
-	if types := cloud.InstanceTypes(p); len(types) > 1 && in.Fallback < len(types) {
+	if len(types) > 1 && in.Fallback < len(types) {
 		next.Status.Instance.InstanceType = types[in.Fallback]
 	}
 	next.Status.Instance.LaunchedAt = v.stamp()
