@@ -189,16 +189,12 @@ func TestUnsupportedOrInvalidFailsWithReason(t *testing.T) {
 	}{
 		{name: "sidecar", reason: ReasonUnsupported, message: "sidecars",
 			spec: pipelinev1.TaskSpec{Steps: []pipelinev1.Step{script("true")}, Sidecars: []pipelinev1.Sidecar{{Name: "db", Image: "x"}}}},
-		{name: "stepaction", reason: ReasonUnsupported, message: "StepActions",
-			spec: pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "s", Ref: &pipelinev1.Ref{Name: "git-clone"}}}}},
 		{name: "hostpath", reason: ReasonUnsupported, message: `volume "host"`,
 			spec: pipelinev1.TaskSpec{Steps: []pipelinev1.Step{script("true")},
 				Volumes: []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}}},
 		{name: "non-root", reason: ReasonUnsupported, message: "other than root",
 			spec: pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "s", Image: "x", Script: "true",
 				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr(int64(1000))}}}}},
-		{name: "step-results", reason: ReasonUnsupported, message: "step results",
-			spec: pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "s", Image: "x", Script: "true", Results: []pipelinev1.StepResult{{Name: "r"}}}}}},
 		{name: "resolver", reason: ReasonUnsupported, message: `resolver "bundles"`,
 			run: func(s *pipelinev1.TaskRunSpec) {
 				s.TaskSpec, s.TaskRef = nil, &pipelinev1.TaskRef{ResolverRef: pipelinev1.ResolverRef{Resolver: "bundles"}}

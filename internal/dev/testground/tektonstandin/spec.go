@@ -98,9 +98,10 @@ func invalid(format string, args ...any) error {
 // buildRunSpec turns the TaskRun's resolved task into what its pod would run, following
 // Tekton's substitution order: params (TaskRun values over the task's defaults, arrays
 // expanded in place in command and args), then $(context…), $(results…), $(workspaces…),
-// $(steps…exitCode.path) and $(credentials.path); then the stepTemplate is merged into each
-// step. A feature the stand-in does not implement, or a reference left unresolved, is an error
-// rather than a run that silently differs from Tekton's.
+// $(steps…exitCode.path), $(credentials.path) and $(step.results…path); then the
+// stepTemplate is merged into each step. A feature the stand-in does not implement, or a
+// reference left unresolved, is an error rather than a run that silently differs from
+// Tekton's.
 func buildRunSpec(tr *pipelinev1.TaskRun, l layout) (*runSpec, error) {
 	if tr.Status.TaskSpec == nil {
 		return nil, errors.New("TaskRun has no resolved task spec")
@@ -122,6 +123,12 @@ func buildRunSpec(tr *pipelinev1.TaskRun, l layout) (*runSpec, error) {
 	for _, p := range []map[string]string{resultReplacements(spec, l), workspaceReplacements(workspaces),
 		exitCodeReplacements(spec), {"credentials.path": tektonCredsDir}} {
 		applyReplacements(spec, p, nil)
+	}
+	for i := range spec.Steps {
+		container.ApplyStepReplacements(&spec.Steps[i], stepResultPathReplacements(spec.Steps[i], i), nil)
+	}
+	if err := checkStepResultReferences(spec.Steps); err != nil {
+		return nil, err
 	}
 	steps, err := pipelinev1.MergeStepsWithStepTemplate(spec.StepTemplate, spec.Steps)
 	if err != nil {
@@ -154,12 +161,10 @@ func checkSupported(tr *pipelinev1.TaskRun, spec *pipelinev1.TaskSpec) error {
 	for i, step := range spec.Steps {
 		name := stepName(step.Name, i)
 		switch {
-		case step.Ref != nil:
-			return unsupported("StepActions (%s refers to %q)", name, step.Ref.Name)
+		case step.Ref != nil: // resolve replaced every one it could
+			return invalid("%s refers to StepAction %q, which was not resolved", name, step.Ref.Name)
 		case len(step.When) > 0:
 			return unsupported("when expressions on steps (%s)", name)
-		case len(step.Results) > 0:
-			return unsupported("step results (%s declares %q)", name, step.Results[0].Name)
 		case len(step.Workspaces) > 0:
 			return unsupported("isolated workspaces (%s lists workspaces)", name)
 		case step.StdoutConfig != nil || step.StderrConfig != nil:
@@ -492,9 +497,15 @@ var tektonReference = regexp.MustCompile(`\$\((params|results|workspaces|steps|s
 // variable of a feature the stand-in does not implement.
 func checkResolved(rs *runSpec) error {
 	for i, s := range rs.steps {
-		fields := append(append([]string{s.Script, s.WorkingDir}, s.Command...), s.Args...)
+		// A step result in env, command or args is read when the step starts (and checked by
+		// checkStepResultReferences); anywhere else it stays unresolved, as with Tekton.
+		late := append(append([]string{}, s.Command...), s.Args...)
 		for _, e := range s.Env {
-			fields = append(fields, e.Value)
+			late = append(late, e.Value)
+		}
+		fields := []string{s.Script, s.WorkingDir}
+		for _, f := range late {
+			fields = append(fields, stepResultReference.ReplaceAllString(f, ""))
 		}
 		for _, m := range s.VolumeMounts {
 			fields = append(fields, m.Name, m.MountPath, m.SubPath)

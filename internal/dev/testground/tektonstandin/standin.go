@@ -12,7 +12,8 @@
 // it is.
 //
 // Steps see what Tekton gives them (spec.go): params with defaults, array params expanded in
-// args, $(context…), $(results…) and /tekton/results, $(workspaces…), stepTemplate env and
+// args, StepActions of the namespace with their params and step results (stepactions.go),
+// $(context…), $(results…) and /tekton/results, $(workspaces…), stepTemplate env and
 // volume mounts, optional and projected volumes, the ServiceAccount's registry credentials in
 // $HOME/.docker, Tekton's default timeout of an hour. As in a real pod, a step acts as the
 // TaskRun's ServiceAccount through rest.InClusterConfig (incluster.go), and a step of an
@@ -251,8 +252,9 @@ func (s *StandIn) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 
 var errCancelled = &runError{reason: reasonCancelled, message: "TaskRun was cancelled"}
 
-// resolve fills status.taskSpec from spec.taskSpec or the referenced Task, and marks the run
-// started. A missing Task fails the run, as Tekton does.
+// resolve fills status.taskSpec from spec.taskSpec or the referenced Task, its StepActions
+// resolved (stepactions.go), and marks the run started. A missing Task or StepAction fails the
+// run, as Tekton does.
 func (s *StandIn) resolve(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	key := client.ObjectKeyFromObject(tr)
 	spec := tr.Spec.TaskSpec
@@ -277,7 +279,17 @@ func (s *StandIn) resolve(ctx context.Context, tr *pipelinev1.TaskRun) error {
 	if spec == nil {
 		return s.complete(ctx, key, nil, invalid("TaskRun has neither taskRef nor taskSpec"))
 	}
-	tr.Status.TaskSpec = spec.DeepCopy()
+	spec = spec.DeepCopy()
+	steps, err := s.resolveStepActions(ctx, tr, spec)
+	if err != nil {
+		var runErr *runError
+		if errors.As(err, &runErr) {
+			return s.complete(ctx, key, nil, err)
+		}
+		return err
+	}
+	spec.Steps = steps
+	tr.Status.TaskSpec = spec
 	tr.Status.PodName = tr.Name + "-pod"
 	now := metav1.Now()
 	tr.Status.StartTime = &now

@@ -48,7 +48,7 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (*runOut
 		}
 	}
 	for i, step := range rs.steps {
-		if err := os.MkdirAll(filepath.Join(tekton, "steps", stepName(step.Name, i)), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(tekton, "steps", stepName(step.Name, i), "results"), 0o777); err != nil {
 			return out, err
 		}
 	}
@@ -78,6 +78,7 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (*runOut
 		started := metav1.Now()
 		code, err := s.runStep(stepCtx, tr, rs, i, volumes, workspaces, podMounts[name], dir)
 		cancel()
+		states.results = stepResults(step, i, filepath.Join(tekton, "steps"))
 		if code >= 0 {
 			if werr := os.WriteFile(filepath.Join(tekton, "steps", name, "exitCode"), []byte(strconv.Itoa(code)), 0o644); werr != nil {
 				return out, werr
@@ -112,6 +113,7 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (*runOut
 			out.results[r.Name] = string(data)
 		}
 	}
+	taskResultsFromSteps(rs.results, states.done, out.results)
 	return out, nil
 }
 
@@ -137,8 +139,9 @@ const (
 // as a container (Completed) but reports its script's exit code; the steps after a failed
 // one are skipped by Tekton's entrypoint, which exits 1 for each.
 type stepStates struct {
-	steps []pipelinev1.Step
-	done  []pipelinev1.StepState
+	steps   []pipelinev1.Step
+	done    []pipelinev1.StepState
+	results []pipelinev1.TaskRunStepResult // the results of the step that ends next
 }
 
 func (s *stepStates) ended(started metav1.Time, code int, termination string) {
@@ -165,7 +168,9 @@ func (s *stepStates) add(started metav1.Time, code int, reason, termination stri
 			ExitCode: int32(code), Reason: reason, StartedAt: started, FinishedAt: metav1.Now(),
 		}},
 		TerminationReason: termination,
+		Results:           s.results,
 	})
+	s.results = nil
 }
 
 // runStep runs one step and returns its exit code (-1 if it never started). podMounts are the
@@ -200,6 +205,13 @@ func (s *StandIn) runStep(ctx context.Context, tr *pipelinev1.TaskRun, rs *runSp
 	}
 	for _, a := range step.Args {
 		argv = append(argv, expandEnv(a, lookup))
+	}
+	stepsDir := filepath.Join(dir, "tekton", "steps")
+	if env, err = withStepResults(env, stepsDir); err == nil {
+		argv, err = withStepResults(argv, stepsDir)
+	}
+	if err != nil {
+		return 1, fmt.Errorf("%q: %w", name, err) // Tekton's entrypoint exits 1
 	}
 
 	var mounts []sandboxMount
