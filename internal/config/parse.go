@@ -375,14 +375,6 @@ func (p *parser) parseDynamic() {
 			}
 		}
 		p.checkProvider(platform, d, provider, fail)
-		if platform.OS() == "windows" && !strings.Contains(fields["user-data"], windowsKeysPath) {
-			// The AMI may set it: a warning, not an error.
-			key := "user-data"
-			if _, set := fields[key]; !set {
-				key = "type"
-			}
-			warn(key, "berth's Windows build users log in with keys that sshd must read from %%ProgramData%%\\ssh\\berth, and this platform's user-data does not set that up: unless its image does, each task gets an error secret. Add to sshd_config: 'Match User u-*' and '  %s'", WindowsKeysLine)
-		}
 		if s := p.cfg.Platforms[platform]; (s == StrategyDynamic || s == StrategyDynamicPool) && len(p.cfg.broken[platform]) == 0 {
 			p.cfg.Dynamic[platform] = d
 		}

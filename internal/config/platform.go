@@ -35,14 +35,6 @@ func ParsePlatform(s string) (Platform, error) {
 // Label is the platform as it appears in config keys and label values: '/' becomes '-'.
 func (p Platform) Label() string { return strings.ReplaceAll(string(p), "/", "-") }
 
-// WindowsKeysLine is the sshd_config line a Windows build host needs, in a "Match User u-*"
-// block: berth keeps its build users' keys under %ProgramData%\ssh\berth, which only SYSTEM
-// and Administrators may write (see hostops).
-const WindowsKeysLine = "AuthorizedKeysFile __PROGRAMDATA__/" + windowsKeysPath
-
-// windowsKeysPath is where, under ProgramData, sshd finds a Windows build user's key.
-const windowsKeysPath = "ssh/berth/%u/authorized_keys"
-
 // OS is the operating system the platform's hosts run: the part before '/' up to its first
 // '-', as sized variants name it ("linux-large/s390x" → "linux", "windows-4xlarge/amd64" →
 // "windows"); macOS is "darwin", whether the platform says darwin or, as production names

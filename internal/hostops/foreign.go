@@ -91,13 +91,22 @@ func psQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + 
 // translated on non-English Windows.
 const windowsPrelude = "$ErrorActionPreference = 'Stop'\n$ProgressPreference = 'SilentlyContinue'\n"
 
-// windowsKeyDir is where a Windows build user's key lives: under ProgramData\ssh, which only
-// SYSTEM and Administrators may write, so sshd reads a file the build user cannot replace or
-// redirect. The host's sshd_config must point non-admin users there.
+// Where a Windows build user's key lives. Preferably under ProgramData\ssh, which only SYSTEM
+// and Administrators may write, so sshd reads a file the build user cannot replace or
+// redirect; that takes a Match block in the host's sshd_config (windowsSSHDLine). A host
+// whose sshd_config has none (the Windows user-data production renders) reads every
+// non-admin user's key from .ssh\authorized_keys in the user's profile, which a user that
+// never logged on does not have: there berth creates the profile first, as the first logon
+// would, and writes the key into a fresh .ssh only SYSTEM and Administrators may write.
 const windowsKeyDir = `$env:ProgramData\ssh\berth`
 
-// windowsSSHDLine is the line the host admin adds to sshd_config (in a Match block for u-*).
-const windowsSSHDLine = config.WindowsKeysLine
+// windowsSSHDLine is the line a host admin may add to sshd_config, in a "Match User u-*"
+// block, to have build users' keys read from windowsKeyDir.
+const windowsSSHDLine = "AuthorizedKeysFile __PROGRAMDATA__/ssh/berth/%u/authorized_keys"
+
+// windowsCreateProfile declares userenv's CreateProfile, which makes a user's profile (its
+// home, C:\Users\<user>) before the user's first logon.
+const windowsCreateProfile = `Add-Type -TypeDefinition 'using System.Text; using System.Runtime.InteropServices; public static class BerthProfile { [DllImport("userenv.dll", CharSet = CharSet.Unicode)] public static extern int CreateProfile(string sid, string name, StringBuilder path, uint size); }'`
 
 func createWindowsUser(ctx context.Context, t remote.Target, u NewUser) (string, error) {
 	if !windowsUserRE.MatchString(u.Name) {
@@ -111,7 +120,8 @@ func createWindowsUser(ctx context.Context, t remote.Target, u NewUser) (string,
 		return "", err
 	}
 	// The key comes on stdin: no key, not even a public one, is on a command line, where
-	// anyone on the host may read it. -EncodedCommand leaves stdin to the script.
+	// anyone on the host may read it. -EncodedCommand leaves stdin to the script. OpenSSH
+	// Users exists where sshd_config allows only its members and administrators in.
 	script := windowsPrelude + fmt.Sprintf(`$u = %s
 $key = [Console]::In.ReadToEnd().Trim()
 if ($key -notmatch '^[A-Za-z0-9@.-]+ [A-Za-z0-9+/=]+( [ -~]*)?$') { [Console]::Error.WriteLine("no authorized_keys line on stdin"); exit 2 }
@@ -121,14 +131,19 @@ $build = Join-Path $env:SystemDrive "berth\$u"
 $keys = Join-Path "%s" $u
 if ((Test-Path -LiteralPath $build) -or (Test-Path -LiteralPath $keys)) { [Console]::Error.WriteLine("the directories of $u exist already"); exit 17 }
 $cfg = Join-Path $env:ProgramData 'ssh\sshd_config'
-if (-not (Select-String -LiteralPath $cfg -SimpleMatch -Quiet -Pattern %s)) {
-  [Console]::Error.WriteLine("sshd_config of this host does not read build users' keys from ProgramData: add 'Match User u-*' followed by '  %s' to $cfg and restart sshd")
-  exit 3
-}
+$shared = (Test-Path -LiteralPath $cfg) -and (Select-String -LiteralPath $cfg -SimpleMatch -Quiet -Pattern %s)
 $bytes = New-Object byte[] 24
 [Security.Cryptography.RandomNumberGenerator]::Create().GetBytes($bytes)
 $password = ConvertTo-SecureString ([Convert]::ToBase64String($bytes) + 'aA1!') -AsPlainText -Force
-New-LocalUser -Name $u -Password $password -PasswordNeverExpires -UserMayNotChangePassword -AccountNeverExpires -Description ('berth build user ' + $owner) | Out-Null
+$account = New-LocalUser -Name $u -Password $password -PasswordNeverExpires -UserMayNotChangePassword -AccountNeverExpires -Description ('berth build user ' + $owner)
+if (Get-LocalGroup -Name 'OpenSSH Users' -ErrorAction SilentlyContinue) { Add-LocalGroupMember -Group 'OpenSSH Users' -Member $u }
+if (-not $shared) {
+  %s
+  $path = New-Object System.Text.StringBuilder 260
+  $hr = [BerthProfile]::CreateProfile($account.SID.Value, $u, $path, 260)
+  if ($hr -ne 0) { throw ('creating the profile of {0} failed: 0x{1:X8}' -f $u, $hr) }
+  $keys = Join-Path $path.ToString() '.ssh'
+}
 New-Item -ItemType Directory -Path $keys | Out-Null
 Set-Content -LiteralPath (Join-Path $keys 'authorized_keys') -Value $key -Encoding ascii
 & icacls.exe $keys /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)R') | Out-Null
@@ -137,7 +152,7 @@ New-Item -ItemType Directory -Path $build | Out-Null
 & icacls.exe $build /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)F') | Out-Null
 if ($LASTEXITCODE -ne 0) { throw "icacls on $build failed" }
 Write-Output $build
-`, psQuote(u.Name), psQuote(u.Owner), windowsKeyDir, psQuote(windowsSSHDLine), windowsSSHDLine)
+`, psQuote(u.Name), psQuote(u.Owner), windowsKeyDir, psQuote(windowsSSHDLine), windowsCreateProfile)
 	out, err := run(ctx, t, "creating build user "+u.Name, powershell(script), authorized)
 	if err != nil {
 		return "", userExists(t, u.Name, err)
@@ -161,12 +176,20 @@ Get-CimInstance Win32_Process | ForEach-Object {
   if ($o.User -eq $u) { Stop-Process -Id $_.ProcessId -Force -ErrorAction SilentlyContinue }
 }
 $account = Get-LocalUser -Name $u -ErrorAction SilentlyContinue
+$dirs = @((Join-Path $env:SystemDrive "berth\$u"), (Join-Path "%s" $u))
 if ($account) {
   $sid = $account.SID.Value
+  $userProfile = Get-CimInstance Win32_UserProfile | Where-Object { $_.SID -eq $sid }
   Remove-LocalUser -Name $u
-  Get-CimInstance Win32_UserProfile | Where-Object { $_.SID -eq $sid } | Remove-CimInstance
+  if ($userProfile) {
+    # The user's own files go first, by rmdir; then the profile's registration.
+    $dirs += $userProfile.LocalPath
+    if (Test-Path -LiteralPath $userProfile.LocalPath) { & cmd.exe /d /c rmdir /s /q $userProfile.LocalPath }
+    $userProfile | Remove-CimInstance -ErrorAction SilentlyContinue
+    [Microsoft.Win32.Registry]::LocalMachine.DeleteSubKeyTree("SOFTWARE\Microsoft\Windows NT\CurrentVersion\ProfileList\$sid", $false)
+  }
 }
-foreach ($dir in @((Join-Path $env:SystemDrive "berth\$u"), (Join-Path "%s" $u))) {
+foreach ($dir in $dirs) {
   if (Test-Path -LiteralPath $dir) { & cmd.exe /d /c rmdir /s /q $dir }
   if (Test-Path -LiteralPath $dir) { throw "could not remove $dir" }
 }

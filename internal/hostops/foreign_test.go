@@ -89,6 +89,9 @@ func TestWindowsUserIsCreatedWithItsKeyWhereOnlyAdminsWrite(t *testing.T) {
 		"Get-LocalUser -Name $u", "exit 17",
 		`$env:ProgramData\ssh\berth`, "AuthorizedKeysFile __PROGRAMDATA__/ssh/berth/%u/authorized_keys",
 		"New-LocalUser -Name $u -Password $password",
+		// without berth's Match block, the key goes to a profile made before the first logon
+		"if (-not $shared)", "[BerthProfile]::CreateProfile($account.SID.Value, $u, $path, 260)", "$keys = Join-Path $path.ToString() '.ssh'",
+		"Add-LocalGroupMember -Group 'OpenSSH Users' -Member $u",
 		"icacls.exe $keys /inheritance:r /grant:r '*S-1-5-18:(OI)(CI)F' '*S-1-5-32-544:(OI)(CI)F' ($u + ':(OI)(CI)R')",
 		"icacls.exe $build /inheritance:r",
 	} {
@@ -152,7 +155,8 @@ func TestWindowsUserRemoval(t *testing.T) {
 	}
 	script := decodePowerShell(t, host.Commands()[0].Line)
 	for _, want := range []string{"$u = '" + user + "'", "Stop-Process", "Remove-LocalUser -Name $u", "Win32_UserProfile",
-		"Get-LocalUser -Name $u -ErrorAction SilentlyContinue", "rmdir /s /q"} {
+		"Get-LocalUser -Name $u -ErrorAction SilentlyContinue", "rmdir /s /q",
+		"rmdir /s /q $userProfile.LocalPath", "Remove-CimInstance", `ProfileList\$sid`} {
 		if !strings.Contains(script, want) {
 			t.Errorf("the removal lacks %q", want)
 		}
