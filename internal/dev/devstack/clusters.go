@@ -20,11 +20,26 @@ import (
 	"github.com/berth-ci/berth/internal/dev/testground/spacestandin"
 )
 
-// Images the Tekton stand-in gives programs of this machine: steps of berth's image find the
-// berth binary on their PATH, steps of the kubectl image the kubectl of `make testbin`.
+// Images the Tekton stand-in gives programs of this machine, found on the PATH of their steps.
+// Each is a bare repository name, so it matches every tag and digest a step pins.
 const (
-	BerthImage   = "ghcr.io/berth-ci/berth"
+	// BerthImage carries berth.
+	BerthImage = "ghcr.io/berth-ci/berth"
+	// KubectlImage carries the kubectl of `make testbin`.
 	KubectlImage = "registry.k8s.io/kubectl"
+	// OpenShiftCLIImage is the image the real Konflux eaas steps run oc in
+	// (eaas-provision-space, eaas-get-ephemeral-cluster-credentials). Its oc is the kubectl of
+	// `make testbin` under the name oc, because the real oc (github.com/openshift/oc) cannot be
+	// had here: the Go module proxy refuses it. That is no loss for these steps: every oc
+	// command they run (create -f -o jsonpath, wait --for=condition and --for=jsonpath, get -o
+	// jsonpath and -o go-template, with --kubeconfig and --insecure-skip-tls-verify) is
+	// kubectl's own code, which oc embeds from k8s.io/kubectl. What is left out is oc's own
+	// commands (login, adm, new-app, image, …), none of which the steps call.
+	OpenShiftCLIImage = "registry.redhat.io/openshift4/ose-cli"
+	// TaskRunnerImage is Konflux's task-runner, the image the real
+	// eaas-create-ephemeral-cluster-hypershift-aws step runs kubectl and yq in; both are those
+	// of `make testbin`.
+	TaskRunnerImage = "quay.io/konflux-ci/task-runner"
 )
 
 // Templates the dev stack offers for ephemeral clusters (ClusterTemplates of the CaaS
@@ -132,42 +147,89 @@ func (s *Stack) InstallClusterTasks(ctx context.Context, namespace, serviceAccou
 	return nil
 }
 
-// stepImages gives the Tekton stand-in's steps the programs of berth's and kubectl's images:
-// berth is the given binary, kubectl the one `make testbin` built (when it is there). Each is
-// copied into a directory of the state dir of its own, which the stand-in mounts at
+// stepImage is what the stand-in gives the steps of one image: programs of this machine.
+type stepImage struct {
+	image    string
+	programs []imageProgram
+}
+
+// imageProgram is a file of this machine and the name steps call it by, whatever the file is
+// called here (--berth-binary may name any file, and oc is kubectl).
+type imageProgram struct {
+	path, name string
+	// optional programs come from `make testbin`, and an older bin/k8s may lack them: the
+	// image's steps then find none, and only the steps that call it fail.
+	optional bool
+}
+
+// stepImageContents are the images the dev stack gives programs of: berth is the given binary
+// (none if ""), kubectl and yq those in bins.
+func stepImageContents(berth, bins string) []stepImage {
+	kubectl := imageProgram{path: filepath.Join(bins, "kubectl"), name: "kubectl", optional: true}
+	oc := imageProgram{path: kubectl.path, name: "oc", optional: true}
+	yq := imageProgram{path: filepath.Join(bins, "yq"), name: "yq", optional: true}
+	var images []stepImage
+	if berth != "" {
+		images = append(images, stepImage{BerthImage, []imageProgram{{path: berth, name: "berth"}}})
+	}
+	return append(images,
+		stepImage{KubectlImage, []imageProgram{kubectl}},
+		stepImage{OpenShiftCLIImage, []imageProgram{oc}},
+		stepImage{TaskRunnerImage, []imageProgram{kubectl, yq}},
+	)
+}
+
+// stepImages gives the Tekton stand-in's steps the programs of stepImageContents. Each image's
+// are copied into a directory of the state dir of its own, which the stand-in mounts at
 // /usr/local/bin in the step.
 func (s *Stack) stepImages(stateDir, berth string) (map[string]string, error) {
-	images := map[string]string{}
 	bins, err := controlplane.BinaryDir()
 	if err != nil {
 		return nil, err
 	}
-	// Each program goes in under the name steps call it by, whatever its file is called here
-	// (--berth-binary may name any file).
-	for _, p := range []struct{ image, program, name string }{
-		{BerthImage, berth, "berth"},
-		{KubectlImage, filepath.Join(bins, "kubectl"), "kubectl"},
-	} {
-		if p.program == "" {
+	images, dirs, err := copyStepImages(filepath.Join(stateDir, "images"), stepImageContents(berth, bins))
+	s.dirs = append(s.dirs, dirs...)
+	return images, err
+}
+
+// copyStepImages fills a directory below root for each image that has any of its programs,
+// and returns image → directory and the directories it made. A missing program fails unless it
+// is optional.
+func copyStepImages(root string, images []stepImage) (map[string]string, []string, error) {
+	dirs := map[string]string{}
+	var made []string
+	for _, img := range images {
+		var present []imageProgram
+		for _, p := range img.programs {
+			if _, err := os.Stat(p.path); err != nil {
+				if p.optional {
+					continue
+				}
+				return dirs, made, fmt.Errorf("image %s: %w", img.image, err)
+			}
+			present = append(present, p)
+		}
+		if len(present) == 0 {
 			continue
 		}
-		if _, err := os.Stat(p.program); err != nil {
-			if p.image == KubectlImage {
-				continue // an older bin/k8s: steps of the kubectl image then find none
-			}
-			return nil, err
+		dir := filepath.Join(root, filepath.Base(img.image))
+		// Emptied first, so that a program an earlier stack had and this one lacks is not
+		// left behind.
+		if err := os.RemoveAll(dir); err != nil {
+			return dirs, made, err
 		}
-		dir := filepath.Join(stateDir, "images", filepath.Base(p.image))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, err
+			return dirs, made, err
 		}
-		if err := copyExecutable(p.program, filepath.Join(dir, p.name)); err != nil {
-			return nil, err
+		made = append(made, dir)
+		for _, p := range present {
+			if err := copyExecutable(p.path, filepath.Join(dir, p.name)); err != nil {
+				return dirs, made, fmt.Errorf("image %s: %w", img.image, err)
+			}
 		}
-		images[p.image] = dir
-		s.dirs = append(s.dirs, dir)
+		dirs[img.image] = dir
 	}
-	return images, nil
+	return dirs, made, nil
 }
 
 func copyExecutable(from, to string) error {

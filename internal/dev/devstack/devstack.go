@@ -68,7 +68,8 @@ type Options struct {
 	ClusterServices bool
 	// BerthBinary, if set, is what steps of berth's image (BerthImage) run as berth, as in the
 	// image: the production berth (berth-dev passes bin/berth), not berth-dev. The kubectl
-	// of `make testbin` serves steps of KubectlImage.
+	// and yq of `make testbin` serve steps of KubectlImage, OpenShiftCLIImage and
+	// TaskRunnerImage.
 	BerthBinary string
 	// LogDir, if set, keeps the logs of etcd, kube-apiserver and kube-controller-manager
 	// (<program>.log), whose last lines then go with their failure.

@@ -38,11 +38,32 @@ func (c *cluster) stop() error {
 
 var log = ctrl.Log.WithName("caas-standin")
 
-// bootOptions make a throwaway cluster as a tenant would get it: no CRDs of berth's or Tekton's.
-// It runs no kube-controller-manager (one process fewer per cluster on a small machine), so on
-// it owner references are not followed and a deleted namespace stays Terminating; a cluster
-// that lives as long as one integration test has not needed either.
-var bootOptions = []controlplane.Option{controlplane.WithoutDefaultCRDs(), controlplane.WithoutGarbageCollector()}
+// bootOptions make a throwaway cluster as a tenant would get it: no CRDs of berth's or Tekton's,
+// but OpenShift's Route (see console.go). It runs no kube-controller-manager (one process fewer
+// per cluster on a small machine), so on it owner references are not followed and a deleted
+// namespace stays Terminating; a cluster that lives as long as one integration test has not
+// needed either. New options each boot, as the CRD object is written into as it is installed.
+func bootOptions() []controlplane.Option {
+	return []controlplane.Option{controlplane.WithoutDefaultCRDs(), controlplane.WithoutGarbageCollector(), controlplane.WithCRDObjects(routeCRD())}
+}
+
+// bootCluster starts the control plane of an instance and gives it what an installed
+// OpenShift cluster has that clients read: the console's Route. It returns the apiserver's URL
+// as its kubeconfig names it.
+func bootCluster(instanceName string) (*controlplane.ControlPlane, string, error) {
+	cp, err := controlplane.Start(bootOptions()...)
+	if err != nil {
+		return nil, "", err
+	}
+	url, err := serverOf(cp.KubeConfig)
+	if err == nil {
+		err = installConsole(cp.Client, instanceName)
+	}
+	if err != nil {
+		return nil, "", errors.Join(err, cp.Stop())
+	}
+	return cp, url, nil
+}
 
 // clusterOf returns (a copy of) the instance's control plane, booting one in the background if it
 // has none. A boot takes seconds; its end brings the instance back to reconcile.
@@ -60,14 +81,7 @@ func (s *StandIn) clusterOf(uid types.UID, key types.NamespacedName) cluster {
 	s.booting.Add(1)
 	go func() {
 		defer s.booting.Done()
-		cp, err := controlplane.Start(bootOptions...)
-		var url string
-		if err == nil {
-			if url, err = serverOf(cp.KubeConfig); err != nil {
-				err = errors.Join(err, cp.Stop())
-				cp = nil
-			}
-		}
+		cp, url, err := bootCluster(key.Name)
 		s.mu.Lock()
 		c.booted, c.cp, c.url, c.err = true, cp, url, err
 		abandoned, stopping := c.abandoned, s.stopping

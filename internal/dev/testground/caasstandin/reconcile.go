@@ -184,7 +184,8 @@ func (s *StandIn) template(ctx context.Context, name string) (*template, error) 
 }
 
 // writeSecrets hands out the cluster: a kubeconfig acting as its admin, and the kubeadmin
-// password Secret every OpenShift install leaves (there is no console to log in to here).
+// password Secret every OpenShift install leaves (no console answers at the cluster's console
+// Route to log in to here).
 func (s *StandIn) writeSecrets(ctx context.Context, cti *instance, cp *controlplane.ControlPlane) error {
 	owner := []metav1.OwnerReference{cti.ownerReference()}
 	kubeconfig := &corev1.Secret{

@@ -17,6 +17,10 @@
 //     names a Secret in its namespace with the keys AccessKeyIDKey and SecretAccessKeyKey.
 //     Missing or incomplete: phase CredentialsFailed naming the Secret and key; else it boots.
 //
+// A booted cluster serves OpenShift's route.openshift.io/v1 Route and has the console's Route,
+// Route console in namespace openshift-console with host ConsoleHost(instance name), which the
+// real eaas-get-ephemeral-cluster-credentials step reads.
+//
 // A template that does not exist fails the instance (phase Failed). Deleting an instance stops
 // its control plane and deletes its Secrets; Stop stops every control plane the stand-in
 // booted. The control planes live in this process: a restarted stand-in boots a new one for

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -289,6 +291,7 @@ func TestReadyTemplateBootsAClusterAndDeletionStopsIt(t *testing.T) {
 			t.Fatalf("the booted cluster has the test's namespace %s: it is not a second apiserver", ns)
 		}
 	}
+	assertConsoleRoute(t, cfg, secretData(t, ns, cti.Status.Kubeconfig.Name)["kubeconfig"], key.Name)
 	admin := secretData(t, ns, cti.Status.AdminPassword.Name)
 	if string(admin["username"]) != "kubeadmin" || len(admin["password"]) < 20 {
 		t.Errorf("admin password Secret: username %q, password of %d characters", admin["username"], len(admin["password"]))
@@ -314,6 +317,47 @@ func TestReadyTemplateBootsAClusterAndDeletionStopsIt(t *testing.T) {
 		t.Errorf("the deleted instance's apiserver %s still accepts connections", apiserver.Host)
 	}
 	assertSecretsGone(t, ns, cti.Status.Kubeconfig.Name, cti.Status.AdminPassword.Name)
+}
+
+// assertConsoleRoute checks that the booted cluster has the console's Route, as a client and
+// as the real eaas-get-ephemeral-cluster-credentials step asks for it: its oc is the kubectl of
+// `make testbin`, run here the same way when bin/k8s has it.
+func assertConsoleRoute(t *testing.T, cfg *rest.Config, kubeconfig []byte, instanceName string) {
+	t.Helper()
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := &unstructured.Unstructured{}
+	route.SetGroupVersionKind(routeGVK)
+	if err := c.Get(t.Context(), types.NamespacedName{Namespace: "openshift-console", Name: "console"}, route); err != nil {
+		t.Fatalf("the booted cluster's console Route: %v", err)
+	}
+	host, _, _ := unstructured.NestedString(route.Object, "spec", "host")
+	kind, _, _ := unstructured.NestedString(route.Object, "spec", "to", "kind")
+	name, _, _ := unstructured.NestedString(route.Object, "spec", "to", "name")
+	if host != ConsoleHost(instanceName) || kind != "Service" || name != "console" {
+		t.Errorf("console Route: host %q to %s %q, want host %q to Service console", host, kind, name, ConsoleHost(instanceName))
+	}
+
+	bins, err := controlplane.BinaryDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl := filepath.Join(bins, "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		t.Logf("not asking as the step does: %v (an older bin/k8s; `make testbin` builds it)", err)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), kubectl, "--kubeconfig", path, "get", "route", "console", "-n", "openshift-console",
+		"-o", "go-template", "--template={{.spec.host}}").CombinedOutput()
+	if err != nil || string(out) != ConsoleHost(instanceName) {
+		t.Errorf("kubectl get route console as the step runs it: %q, %v; want %q", out, err, ConsoleHost(instanceName))
+	}
 }
 
 func TestInstallFailsWithTheInstallLog(t *testing.T) {

@@ -276,7 +276,9 @@ func (cp *ControlPlane) EnsureNamespace(ctx context.Context, name string) error 
 }
 
 // BinaryDir finds kube-apiserver, etcd and kube-controller-manager: KUBEBUILDER_ASSETS if set,
-// else the repository's bin/k8s/<KubernetesVersion>, where `make testbin` puts them.
+// else the repository's bin/k8s/<KubernetesVersion>, where `make testbin` puts them. The kubectl
+// and yq it builds there too are not required: only some steps of the dev stack use them, and
+// go without them (see devstack's step images), so an older bin/k8s still runs everything else.
 func BinaryDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
@@ -297,7 +299,7 @@ func BinaryDir() (string, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager and kubectl v%s from the Go module proxy, ~6 minutes cold; binaries already there are kept)",
+		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager and kubectl v%s, and yq, from the Go module proxy, ~6 minutes cold; binaries already there are kept)",
 			strings.Join(missing, ", "), dir, KubernetesVersion)
 	}
 	return dir, nil
