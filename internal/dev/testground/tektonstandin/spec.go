@@ -303,22 +303,7 @@ func paramReplacements(tr *pipelinev1.TaskRun, spec *pipelinev1.TaskSpec) (map[s
 		}
 	}
 	for name, v := range values {
-		refs := []string{"params." + name, fmt.Sprintf("params[%q]", name), "params['" + name + "']"}
-		for _, ref := range refs {
-			switch v.Type {
-			case pipelinev1.ParamTypeArray:
-				arrays[ref] = v.ArrayVal
-				for i, item := range v.ArrayVal {
-					strs[ref+"["+strconv.Itoa(i)+"]"] = item
-				}
-			case pipelinev1.ParamTypeObject:
-				for k, item := range v.ObjectVal {
-					strs[ref+"."+k] = item
-				}
-			default:
-				strs[ref] = v.StringVal
-			}
-		}
+		addParamReplacements(strs, arrays, name, v)
 	}
 	// A default may refer to another param (Tekton resolves those once).
 	for k, v := range strs {
@@ -327,6 +312,27 @@ func paramReplacements(tr *pipelinev1.TaskRun, spec *pipelinev1.TaskSpec) (map[s
 		}
 	}
 	return strs, arrays, nil
+}
+
+// addParamReplacements adds the replacements of a param's value under Tekton's three
+// reference forms ($(params.x), $(params["x"]), $(params['x'])), array items and object keys
+// included.
+func addParamReplacements(strs map[string]string, arrays map[string][]string, name string, v pipelinev1.ParamValue) {
+	for _, ref := range []string{"params." + name, fmt.Sprintf("params[%q]", name), "params['" + name + "']"} {
+		switch v.Type {
+		case pipelinev1.ParamTypeArray:
+			arrays[ref] = v.ArrayVal
+			for i, item := range v.ArrayVal {
+				strs[ref+"["+strconv.Itoa(i)+"]"] = item
+			}
+		case pipelinev1.ParamTypeObject:
+			for k, item := range v.ObjectVal {
+				strs[ref+"."+k] = item
+			}
+		default:
+			strs[ref] = v.StringVal
+		}
+	}
 }
 
 func contextReplacements(tr *pipelinev1.TaskRun) map[string]string {

@@ -132,18 +132,7 @@ func applyStepAction(tr *pipelinev1.TaskRun, spec *pipelinev1.TaskSpec, step pip
 	}
 	strs, arrays := map[string]string{}, map[string][]string{}
 	for name, v := range values {
-		for _, ref := range []string{"params." + name, fmt.Sprintf("params[%q]", name), "params['" + name + "']"} {
-			switch v.Type {
-			case pipelinev1.ParamTypeArray:
-				arrays[ref] = v.ArrayVal
-			case pipelinev1.ParamTypeObject:
-				for k, item := range v.ObjectVal {
-					strs[ref+"."+k] = item
-				}
-			default:
-				strs[ref] = v.StringVal
-			}
-		}
+		addParamReplacements(strs, arrays, name, v)
 	}
 	from := action.ToStep()
 	container.ApplyStepReplacements(from, strs, arrays)
