@@ -2,6 +2,7 @@ package cloud_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -56,22 +57,27 @@ func TestCheckCallsNobody(t *testing.T) {
 	}
 	bad := map[string]struct {
 		values map[string]string
+		key    string // the key the error names, for config to report the problem on
 		want   []string
 	}{
 		"aws": {map[string]string{"region": "us-east-1", "ami": "ami-0123456789abcdef0", "instance-type": "m6g.large", "key-name": "builders",
 			"aws-secret": "aws-account", "endpoint": srv.URL, "iops": "3000", "throughput": "2000"},
-			[]string{"platform linux/test: throughput: 2000 MiB/s needs at least 8000 iops", "0.25 MiB/s per provisioned IOPS"}},
+			"throughput", []string{"platform linux/test: throughput: 2000 MiB/s needs at least 8000 iops", "0.25 MiB/s per provisioned IOPS"}},
 		"ibmz": {map[string]string{"region": "us-east-2", "vpc": "v", "subnet": "s", "key": "k", "image-id": "i", "profile": "p", "secret": "ibm",
-			"url": srv.URL, "disk": "5"}, []string{`platform linux/test: disk "5" is not`}},
+			"url": srv.URL, "disk": "5"}, "disk", []string{`platform linux/test: disk: "5" is not`}},
 		"ibmp": {map[string]string{"url": srv.URL, "crn": "crn:v1:nope", "network": "net", "image": "rhel", "key": "k", "secret": "ibm"},
-			[]string{`platform linux/test: crn "crn:v1:nope"`}},
-		"local-vm": {map[string]string{"endpoint": "ftp://x", "secret": "vm-api"}, []string{`platform linux/test: endpoint "ftp://x"`}},
+			"crn", []string{`platform linux/test: crn: "crn:v1:nope"`}},
+		"local-vm": {map[string]string{"endpoint": "ftp://x", "secret": "vm-api"}, "endpoint", []string{`platform linux/test: endpoint: "ftp://x"`}},
 	}
 	for typ, tc := range bad {
 		err := cloud.Check(typ, "linux/test", tc.values)
 		if cloud.KindOf(err) != cloud.BadConfig {
 			t.Errorf("%s: %v; want a BadConfig error", typ, err)
 			continue
+		}
+		var keyed interface{ ConfigKey() string }
+		if !errors.As(err, &keyed) || keyed.ConfigKey() != tc.key {
+			t.Errorf("%s: %v names no key, or not %s", typ, err, tc.key)
 		}
 		for _, w := range tc.want {
 			if !strings.Contains(err.Error(), w) {

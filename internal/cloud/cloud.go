@@ -169,6 +169,26 @@ func Errorf(kind Kind, op, format string, args ...any) *Error {
 	return &Error{Kind: kind, Op: op, Err: fmt.Errorf(format, args...)}
 }
 
+// BadKey is a factory's refusal of one of a platform's keys: an error of kind BadConfig whose
+// text names the platform and the key ("platform linux/arm64: throughput: ..."), and which
+// tells config which key it is about (ConfigKey) and why (Reason), so that the problem is
+// reported on that key without reading the text back.
+func BadKey(platform, key, format string, args ...any) *Error {
+	return &Error{Kind: BadConfig, Op: "setup", Err: &keyError{platform: platform, key: key, reason: fmt.Sprintf(format, args...)}}
+}
+
+type keyError struct{ platform, key, reason string }
+
+func (e *keyError) Error() string {
+	return "platform " + e.platform + ": " + e.key + ": " + e.reason
+}
+
+// ConfigKey is the key refused.
+func (e *keyError) ConfigKey() string { return e.key }
+
+// Reason is what is wrong with the key's value.
+func (e *keyError) Reason() string { return e.reason }
+
 // KindOf returns the kind of err; Transient for errors that carry none.
 func KindOf(err error) Kind {
 	var e *Error
@@ -198,8 +218,8 @@ type Settings struct {
 }
 
 // Factory builds a provider of one type. It checks the settings, every one it knows, and
-// returns an error of kind BadConfig naming the platform and the key for the first it refuses
-// ("platform linux/arm64: throughput: ..."). It must do nothing else: no call to the cloud, no
+// returns BadKey for the first key it refuses (an error of kind BadConfig otherwise, for
+// what no one key is to blame for). It must do nothing else: no call to the cloud, no
 // read of a Secret, nothing started. Check runs it at every config load, with a SecretReader
 // that refuses every read, and drops what it builds.
 type Factory func(s Settings) (Provider, error)

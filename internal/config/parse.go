@@ -412,27 +412,28 @@ func (p *parser) checkProvider(platform Platform, d *DynamicPlatform, keys map[s
 	if err == nil {
 		return
 	}
-	field, msg := providerProblem(err.Error(), platform, d.Type, keys)
+	field, msg := providerProblem(err, d.Type, keys)
 	fail(field, "%s", msg)
 }
 
-// providerProblem finds the key a provider's error is about and what it says of it. The
-// providers' errors name the platform and then the key, followed by a colon or a space:
-// "... platform linux/arm64: throughput: 2000 MiB/s needs ..." or "... platform linux/s390x:
-// disk "5" is not ...". An error that names no key of the type is the type's.
-func providerProblem(msg string, platform Platform, typ string, keys map[string]field) (field, message string) {
-	rest := msg
-	if _, after, found := strings.Cut(msg, "platform "+string(platform)+": "); found {
-		rest = after
-	}
-	if end := strings.IndexAny(rest, ": "); end > 0 {
-		if _, ok := keys[rest[:end]]; ok {
-			if said := strings.TrimSpace(strings.TrimPrefix(rest[end:], ":")); said != "" {
-				return rest[:end], said
-			}
+// providerProblem is the key a provider's refusal is about and what it says of it: the key
+// the error names (see keyedError), if it is one of the type's; else the type's, quoting the
+// whole error.
+func providerProblem(err error, typ string, keys map[string]field) (field, message string) {
+	var keyed keyedError
+	if errors.As(err, &keyed) {
+		if _, ok := keys[keyed.ConfigKey()]; ok {
+			return keyed.ConfigKey(), keyed.Reason()
 		}
 	}
-	return "type", fmt.Sprintf("the %s provider refuses these settings: %s", typ, rest)
+	return "type", fmt.Sprintf("the %s provider refuses these settings: %v", typ, err)
+}
+
+// keyedError is a ProviderCheck error that names the key it refuses (cloud.BadKey's).
+type keyedError interface {
+	error
+	ConfigKey() string
+	Reason() string
 }
 
 // misplacedField explains a field that belongs somewhere else, or returns "". The

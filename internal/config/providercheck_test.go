@@ -32,7 +32,7 @@ func useChecker(t *testing.T, check func(typ, platform string, settings map[stri
 // gp3Checker refuses what awsec2's parseSettings refuses of throughput, in its words.
 func gp3Checker(typ, platform string, settings map[string]string) error {
 	if typ == "aws" && settings["throughput"] == "2000" && settings["iops"] == "3000" {
-		return fmt.Errorf("setup: bad configuration: platform %s: throughput: 2000 MiB/s needs at least 8000 iops: gp3 allows 0.25 MiB/s per provisioned IOPS (iops is 3000)", platform)
+		return refusal{"throughput", "2000 MiB/s needs at least 8000 iops: gp3 allows 0.25 MiB/s per provisioned IOPS (iops is 3000)"}
 	}
 	return nil
 }
@@ -86,36 +86,41 @@ func TestAProviderRefusalMakesOnlyItsPlatformUnusable(t *testing.T) {
 	}
 }
 
-// TestProviderProblemKeys: the problem is on the key the provider's message names after the
-// platform, whether a colon or a space follows it; a message naming no key of the type is on
-// type, whole.
+// refusal is a provider's refusal of one key, as cloud.BadKey makes it.
+type refusal struct{ key, reason string }
+
+func (r refusal) Error() string     { return "setup: bad configuration: platform p: " + r.key + ": " + r.reason }
+func (r refusal) ConfigKey() string { return r.key }
+func (r refusal) Reason() string    { return r.reason }
+
+// TestProviderProblemKeys: the problem is on the key the provider's error names, wrapped or
+// not, with the provider's reason; an error that names no key, or a key that is not one of
+// the type's, is on type, whole.
 func TestProviderProblemKeys(t *testing.T) {
 	for _, tc := range []struct {
-		platform, typ, err string
-		key, message       string
+		platform, typ string
+		err           error
+		key, message  string
 	}{
-		{"linux/arm64", "aws", "setup: bad configuration: platform linux/arm64: iops: 16000 needs a disk of at least 32 GiB",
+		{"linux/arm64", "aws", refusal{"iops", "16000 needs a disk of at least 32 GiB"},
 			"dynamic.linux-arm64.iops", "16000 needs a disk of at least 32 GiB"},
-		{"linux/ppc64le", "ibmp", `setup: bad configuration: platform linux/ppc64le: crn "crn:x": it is not a CRN`,
+		{"linux/ppc64le", "ibmp", fmt.Errorf("checking: %w", refusal{"crn", `"crn:x": it is not a CRN`}),
 			"dynamic.linux-ppc64le.crn", `"crn:x": it is not a CRN`},
-		{"linux/ppc64le", "ibmp", "setup: bad configuration: platform linux/ppc64le: no way to read Secrets was given",
-			"dynamic.linux-ppc64le.type", "the ibmp provider refuses these settings: no way to read Secrets was given"},
-		{"linux/arm64", "aws", "the settings are wrong",
-			"dynamic.linux-arm64.type", "the aws provider refuses these settings: the settings are wrong"},
-		// "disk" after another platform's name is not this platform's key.
-		{"linux/arm64", "aws", "platform linux/arm64x: disk: 0",
-			"dynamic.linux-arm64.type", "the aws provider refuses these settings: platform linux/arm64x: disk: 0"},
+		{"linux/ppc64le", "ibmp", errors.New("setup: bad configuration: platform linux/ppc64le: no way to read Secrets was given"),
+			"dynamic.linux-ppc64le.type", "the ibmp provider refuses these settings: setup: bad configuration: platform linux/ppc64le: no way to read Secrets was given"},
+		{"linux/arm64", "aws", refusal{"colour", "blue"},
+			"dynamic.linux-arm64.type", "the aws provider refuses these settings: setup: bad configuration: platform p: colour: blue"},
 	} {
 		useChecker(t, func(typ, platform string, _ map[string]string) error {
 			if platform == tc.platform {
-				return errors.New(tc.err)
+				return tc.err
 			}
 			return nil
 		})
 		cfg, _ := Parse(base())
 		b := cfg.Broken(Platform(tc.platform))
 		if len(b) != 1 || b[0].Key != tc.key || b[0].Message != tc.message {
-			t.Errorf("%q: broken by %v; want one problem %s: %s", tc.err, b, tc.key, tc.message)
+			t.Errorf("%v: broken by %v; want one problem %s: %s", tc.err, b, tc.key, tc.message)
 		}
 	}
 }
@@ -125,7 +130,7 @@ func TestProviderProblemKeys(t *testing.T) {
 // An error on a key of berth's own does not hide the provider's.
 func TestProviderCheckAddsNoSecondMessage(t *testing.T) {
 	refuse := func(typ, platform string, _ map[string]string) error {
-		return fmt.Errorf("setup: bad configuration: platform %s: region is required", platform)
+		return refusal{"region", "required"}
 	}
 	for _, tc := range []struct {
 		name   string

@@ -89,9 +89,7 @@ var (
 // and real overlays ship placeholders (SG_ID) in platforms that must still load.
 func parseSettings(platform string, values map[string]string) (launchSettings, error) {
 	get := func(key string) string { return strings.TrimSpace(values[key]) }
-	bad := func(key, format string, args ...any) error {
-		return cloud.Errorf(cloud.BadConfig, "setup", "platform %s: %s: "+format, append([]any{platform, key}, args...)...)
-	}
+	bad := func(key, format string, args ...any) error { return cloud.BadKey(platform, key, format, args...) }
 	s := launchSettings{
 		region:               get("region"),
 		ami:                  get("ami"),

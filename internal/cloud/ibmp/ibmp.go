@@ -123,9 +123,7 @@ var (
 // at each call.
 func New(s cloud.Settings) (cloud.Provider, error) {
 	v := func(k string) string { return strings.TrimSpace(s.Values[k]) }
-	bad := func(format string, args ...any) error {
-		return cloud.Errorf(cloud.BadConfig, "setup", "platform %s: "+format, append([]any{s.Platform}, args...)...)
-	}
+	bad := func(key, format string, args ...any) error { return cloud.BadKey(s.Platform, key, format, args...) }
 	p := &Provider{
 		platform:   s.Platform,
 		secretName: v("secret"),
@@ -141,65 +139,65 @@ func New(s cloud.Settings) (cloud.Provider, error) {
 	}
 	for _, k := range []string{"url", "crn", "network", "image", "key", "secret"} {
 		if v(k) == "" {
-			return nil, bad("%s is required (see docs/clouds/ibmp.md)", k)
+			return nil, bad(k, "required (see docs/clouds/ibmp.md)")
 		}
 	}
 	if s.Secret == nil {
-		return nil, bad("no way to read Secrets was given")
+		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: no way to read Secrets was given", s.Platform)
 	}
 	var err error
 	if p.endpoint, err = endpointURL(v("url")); err != nil {
-		return nil, bad("url %q %v", v("url"), err)
+		return nil, bad("url", "%q %v", v("url"), err)
 	}
 	p.iamURL = ibmiam.DefaultURL
 	if raw := v("iam-url"); raw != "" {
 		if p.iamURL, err = endpointURL(raw); err != nil {
-			return nil, bad("iam-url %q %v", raw, err)
+			return nil, bad("iam-url", "%q %v", raw, err)
 		}
 	}
 	if p.ws, err = parseCRN(v("crn")); err != nil {
-		return nil, bad("crn %q: %v", v("crn"), err)
+		return nil, bad("crn", "%q: %v", v("crn"), err)
 	}
 	for _, n := range strings.Split(v("network"), ",") {
 		if n = strings.TrimSpace(n); n == "" {
 			continue
 		}
 		if !resourceName.MatchString(n) {
-			return nil, bad("network %q is not a network id or name", n)
+			return nil, bad("network", "%q is not a network id or name", n)
 		}
 		p.networks = append(p.networks, n)
 	}
 	if len(p.networks) == 0 {
-		return nil, bad("network names no network")
+		return nil, bad("network", "names no network")
 	}
 	if !resourceName.MatchString(p.image) {
-		return nil, bad("image %q is not an image id or name", p.image)
+		return nil, bad("image", "%q is not an image id or name", p.image)
 	}
 	if !resourceName.MatchString(p.key) {
-		return nil, bad("key %q is not an SSH key name", p.key)
+		return nil, bad("key", "%q is not an SSH key name", p.key)
 	}
 	if p.sysType != "" && !sysTypeShape.MatchString(p.sysType) {
-		return nil, bad("system %q is not a system type like s922 or e980", p.sysType)
+		return nil, bad("system", "%q is not a system type like s922 or e980", p.sysType)
 	}
 	if raw := v("cores"); raw != "" {
 		c, err := strconv.ParseFloat(raw, 64)
 		// Shared processors come in quarters of a core.
 		if err != nil || c <= 0 || c > 1024 || c*4 != float64(int(c*4)) {
-			return nil, bad("cores %q is not a number of cores in steps of 0.25, like 0.25, 0.5 or 2", raw)
+			return nil, bad("cores", "%q is not a number of cores in steps of 0.25, like 0.25, 0.5 or 2", raw)
 		}
 		p.cores = c
 	}
 	if raw := v("memory"); raw != "" {
 		m, err := strconv.ParseFloat(raw, 64)
 		if err != nil || m < 2 || m > 65536 || m != float64(int(m)) {
-			return nil, bad("memory %q is not a whole number of GB (2 or more), like 8", raw)
+			return nil, bad("memory", "%q is not a whole number of GB (2 or more), like 8", raw)
 		}
 		p.memory = m
 	}
 	if raw := v("disk"); raw != "" {
 		d, err := strconv.ParseFloat(raw, 64)
 		if err != nil || d < 1 || d > 65536 || d != float64(int(d)) {
-			return nil, bad("disk %q is not a whole number of GB, like 200", raw)
+			return nil, bad("disk", "%q is not a whole number of GB, like 200", raw)
 		}
 		p.disk = d
 	}

@@ -88,16 +88,14 @@ var zoneRe = regexp.MustCompile(`^([a-z]+-[a-z]+)-[0-9]+$`)
 // is missing or malformed.
 func New(s cloud.Settings) (cloud.Provider, error) {
 	v := func(k string) string { return strings.TrimSpace(s.Values[k]) }
-	bad := func(format string, args ...any) error {
-		return cloud.Errorf(cloud.BadConfig, "setup", "platform %s: "+format, append([]any{s.Platform}, args...)...)
-	}
+	bad := func(key, format string, args ...any) error { return cloud.BadKey(s.Platform, key, format, args...) }
 	for _, k := range []string{"region", "vpc", "subnet", "key", "image-id", "profile", "secret"} {
 		if v(k) == "" {
-			return nil, bad("%s is required for an ibmz platform", k)
+			return nil, bad(k, "required for an ibmz platform")
 		}
 	}
 	if s.Secret == nil {
-		return nil, bad("no way to read Secrets was given")
+		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: no way to read Secrets was given", s.Platform)
 	}
 	p := &Provider{
 		platform: s.Platform, vpc: v("vpc"), subnet: v("subnet"), key: v("key"),
@@ -114,31 +112,31 @@ func New(s cloud.Settings) (cloud.Provider, error) {
 	if p.endpoint == "" {
 		u, err := vpcv1.GetServiceURLForRegion(region)
 		if err != nil {
-			return nil, bad("region %q is not a VPC region berth knows an endpoint of; set url (like https://%s.iaas.cloud.ibm.com/v1)", v("region"), region)
+			return nil, bad("region", "%q is not a VPC region berth knows an endpoint of; set url (like https://%s.iaas.cloud.ibm.com/v1)", v("region"), region)
 		}
 		p.endpoint = u
 	}
 	if err := httpURL(p.endpoint); err != nil {
-		return nil, bad("url %q %v", p.endpoint, err)
+		return nil, bad("url", "%q %v", p.endpoint, err)
 	}
 	p.iamURL = v("iam-url")
 	if p.iamURL == "" {
 		p.iamURL = ibmiam.DefaultURL
 	}
 	if err := httpURL(p.iamURL); err != nil {
-		return nil, bad("iam-url %q %v", p.iamURL, err)
+		return nil, bad("iam-url", "%q %v", p.iamURL, err)
 	}
 	if raw := v("private-ip"); raw != "" {
 		b, err := strconv.ParseBool(raw)
 		if err != nil {
-			return nil, bad("private-ip %q is not true or false", raw)
+			return nil, bad("private-ip", "%q is not true or false", raw)
 		}
 		p.privateIP = b
 	}
 	if raw := v("disk"); raw != "" {
 		n, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil || n < minDiskGB || n > maxDiskGB {
-			return nil, bad("disk %q is not a boot volume size in GiB from %d to %d", raw, minDiskGB, maxDiskGB)
+			return nil, bad("disk", "%q is not a boot volume size in GiB from %d to %d", raw, minDiskGB, maxDiskGB)
 		}
 		p.diskGB = n
 	}

@@ -52,15 +52,15 @@ type Provider struct {
 func New(s cloud.Settings) (cloud.Provider, error) {
 	raw := strings.TrimSpace(s.Values["endpoint"])
 	if raw == "" {
-		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: endpoint is required: the local VM cloud's URL, like http://127.0.0.1:8790", s.Platform)
+		return nil, cloud.BadKey(s.Platform, "endpoint", "required: the local VM cloud's URL, like http://127.0.0.1:8790")
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: endpoint %q is not an http(s) URL like http://127.0.0.1:8790", s.Platform, raw)
+		return nil, cloud.BadKey(s.Platform, "endpoint", "%q is not an http(s) URL like http://127.0.0.1:8790", raw)
 	}
 	secret := strings.TrimSpace(s.Values["secret"])
 	if secret == "" {
-		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: secret is required: the Secret holding the cloud's API key under %s", s.Platform, apiKeyKey)
+		return nil, cloud.BadKey(s.Platform, "secret", "required: the Secret holding the cloud's API key under %s", apiKeyKey)
 	}
 	if s.Secret == nil {
 		return nil, cloud.Errorf(cloud.BadConfig, "setup", "platform %s: no way to read Secrets was given", s.Platform)
