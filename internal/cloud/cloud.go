@@ -112,13 +112,15 @@ func InstanceTypes(p Provider) []string {
 // least 24 hours). Ending such a VM early to launch another pays for a second allocation and
 // waits for another long boot: berth's max-age retires no VM younger than MinimumLife.
 type MinimumLifer interface {
-	MinimumLife() time.Duration
+	// MinimumLife is that time for a VM of instanceType; "" is the platform's own type (a
+	// VM's type differs from it only when it was launched with a fallback type).
+	MinimumLife(instanceType string) time.Duration
 }
 
-// MinimumLife is p's MinimumLife, or 0 for a provider without one.
-func MinimumLife(p Provider) time.Duration {
+// MinimumLife is p's MinimumLife for instanceType, or 0 for a provider without one.
+func MinimumLife(p Provider, instanceType string) time.Duration {
 	if m, ok := p.(MinimumLifer); ok {
-		return m.MinimumLife()
+		return m.MinimumLife(instanceType)
 	}
 	return 0
 }

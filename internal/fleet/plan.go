@@ -35,6 +35,11 @@ type VM struct {
 	// are closed already (the controller closes them at the config change).
 	Outdated bool
 	ReadyAt  time.Time
+	// MinLife is how long the cloud bills the VM's hardware at the least (an EC2 Mac's
+	// dedicated host: 24 hours): max-age retires no VM younger, which would only pay for
+	// another. It is the VM's own type's, which a fallback type may make differ from its
+	// platform's other VMs.
+	MinLife time.Duration
 }
 
 // Platform is what the config and the queue say about the platform.
@@ -45,9 +50,6 @@ type Platform struct {
 	MinIdle int
 	// MaxAge, if set, is how long a VM takes new tasks after it became ready.
 	MaxAge time.Duration
-	// MinLife is how long the cloud bills a VM's hardware at the least (an EC2 Mac's dedicated
-	// host: 24 hours): max-age retires no VM younger, which would only pay for another.
-	MinLife time.Duration
 	// Pooled VMs stay for the next tasks until MaxAge; others go when no task wants them.
 	Pooled bool
 	// Queued tasks wait for a slot.
@@ -99,7 +101,7 @@ func Plan(p Platform, vms []VM, now time.Time) Decision {
 			}
 		case p.Removed:
 			end(vm, "its platform is no longer a dynamic platform in the host configuration")
-		case vm.Phase == Ready && p.MaxAge > 0 && now.Sub(vm.ReadyAt) > max(p.MaxAge, p.MinLife):
+		case vm.Phase == Ready && p.MaxAge > 0 && now.Sub(vm.ReadyAt) > max(p.MaxAge, vm.MinLife):
 			end(vm, "older than max-age ("+p.MaxAge.String()+")")
 		case vm.Phase == Ready:
 			free += max(0, vm.Slots-vm.Used)

@@ -43,12 +43,14 @@ func TestPlan(t *testing.T) {
 		{name: "busy VM past max-age is retired, never terminated", p: pool, vms: []VM{ready("a", 3, 2, old)}, retire: []string{"a"}},
 		{name: "warm VM past max-age is replaced", p: with(dyn, func(p *Platform) { p.MinIdle = 1; p.MaxAge = time.Hour }),
 			vms: []VM{ready("a", 1, 0, old)}, launch: 1, terminate: []string{"a"}},
-		{name: "warm VM past max-age within its hardware's minimum life stays", p: with(dyn, func(p *Platform) { p.MinIdle = 1; p.MaxAge = time.Hour; p.MinLife = 24 * time.Hour }),
-			vms: []VM{ready("a", 1, 0, old)}},
-		{name: "pool VM past max-age within its hardware's minimum life stays", p: with(pool, func(p *Platform) { p.MinLife = 24 * time.Hour }),
-			vms: []VM{ready("a", 3, 0, old)}},
-		{name: "warm VM past max-age and its minimum life is replaced", p: with(dyn, func(p *Platform) { p.MinIdle = 1; p.MaxAge = time.Hour; p.MinLife = 24 * time.Hour }),
-			vms: []VM{ready("a", 1, 0, now.Add(-25*time.Hour))}, launch: 1, terminate: []string{"a"}},
+		{name: "warm VM past max-age within its hardware's minimum life stays", p: with(dyn, func(p *Platform) { p.MinIdle = 1; p.MaxAge = time.Hour }),
+			vms: []VM{living(ready("a", 1, 0, old), 24*time.Hour)}},
+		{name: "pool VM past max-age within its hardware's minimum life stays", p: pool,
+			vms: []VM{living(ready("a", 3, 0, old), 24*time.Hour)}},
+		{name: "warm VM past max-age and its minimum life is replaced", p: with(dyn, func(p *Platform) { p.MinIdle = 1; p.MaxAge = time.Hour }),
+			vms: []VM{living(ready("a", 1, 0, now.Add(-25*time.Hour)), 24*time.Hour)}, launch: 1, terminate: []string{"a"}},
+		{name: "each VM has its own type's minimum life", p: pool,
+			vms: []VM{living(ready("mac", 3, 0, old), 24*time.Hour), ready("other", 3, 0, old)}, terminate: []string{"other"}},
 		{name: "removed platform: busy VMs retire, free ones go, nothing launches", p: with(dyn, func(p *Platform) { p.Removed = true; p.Queued = 3 }),
 			vms: []VM{ready("a", 1, 1, fresh), ready("b", 1, 0, fresh), {Name: "c", Phase: Booting, Slots: 1}}, retire: []string{"a"}, terminate: []string{"b", "c"}},
 		{name: "outdated VMs: busy ones retire, free ones go, new ones serve the queue", p: with(pool, func(p *Platform) { p.Queued = 2; p.MaxInstances = 5 }),
@@ -73,4 +75,10 @@ func TestPlan(t *testing.T) {
 			}
 		})
 	}
+}
+
+// living is vm with a minimum life.
+func living(vm VM, minLife time.Duration) VM {
+	vm.MinLife = minLife
+	return vm
 }

@@ -9,6 +9,7 @@
 package awsec2
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -228,9 +229,10 @@ func (p *Provider) InstanceTypes() []string { return p.settings.types() }
 const macHostMinimum = 24 * time.Hour
 
 // MinimumLife is 24 hours for EC2 Mac instance types (mac1.metal, mac2.metal, mac2-m2.metal,
-// mac-m4.metal, ...), which run only on dedicated hosts; 0 for the others.
-func (p *Provider) MinimumLife() time.Duration {
-	if family, _, _ := strings.Cut(p.settings.instanceType, "."); strings.HasPrefix(family, "mac") {
+// mac-m4.metal, ...), which run only on dedicated hosts; 0 for the others. "" is the
+// platform's instance-type.
+func (p *Provider) MinimumLife(instanceType string) time.Duration {
+	if family, _, _ := strings.Cut(cmp.Or(instanceType, p.settings.instanceType), "."); strings.HasPrefix(family, "mac") {
 		return macHostMinimum
 	}
 	return 0

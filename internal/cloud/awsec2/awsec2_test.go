@@ -909,8 +909,13 @@ func TestMacInstancesHaveTheDedicatedHostsMinimumLife(t *testing.T) {
 	} {
 		v := values(srv.URL())
 		v["instance-type"] = typ
-		if got := cloud.MinimumLife(newTestProvider(t, v, goodSecrets())); got != want {
+		if got := cloud.MinimumLife(newTestProvider(t, v, goodSecrets()), ""); got != want {
 			t.Errorf("%s: minimum life %s, want %s", typ, got, want)
+		}
+		// A VM of a fallback type has that type's minimum, whatever the platform's first type.
+		v["instance-type"] = "m6g.large"
+		if got := cloud.MinimumLife(newTestProvider(t, v, goodSecrets()), typ); got != want {
+			t.Errorf("%s as the fallback of m6g.large: minimum life %s, want %s", typ, got, want)
 		}
 	}
 }

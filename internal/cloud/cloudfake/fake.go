@@ -45,7 +45,7 @@ func (p *Provider) TypeOf(id string) string {
 }
 
 // MinimumLife is MinLife (see cloud.MinimumLifer).
-func (p *Provider) MinimumLife() time.Duration { return p.MinLife }
+func (p *Provider) MinimumLife(string) time.Duration { return p.MinLife }
 
 // New returns an empty fake whose instances run at address.
 func New(address string) *Provider {

@@ -100,12 +100,8 @@ func (p *planner) planAll(ctx context.Context) error {
 	}
 	for _, pl := range slices.Sorted(maps.Keys(cfg.Dynamic)) {
 		d := cfg.Dynamic[pl]
-		var minLife time.Duration
-		if provider, err := p.providers.forPlatform(string(pl)); err == nil {
-			minLife = cloud.MinimumLife(provider)
-		}
 		note(p.plan(ctx, string(pl), fleet.Platform{
-			MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(), MinLife: minLife,
+			MaxInstances: d.MaxInstances, SlotsPerVM: d.SlotsPerVM(), MinIdle: d.MinIdle, MaxAge: d.VMMaxAge(),
 			Pooled: d.Pool != nil, Queued: len(p.capacity.Waiters(string(pl))), Paused: p.trouble.paused(string(pl)),
 		}, byPlatform[string(pl)], d))
 		delete(byPlatform, string(pl))
@@ -125,6 +121,7 @@ func (p *planner) plan(ctx context.Context, platform string, pl fleet.Platform, 
 		byName[rec.Name] = rec
 		vm := p.snapshot(rec)
 		vm.Outdated = d != nil && outdated(rec.Spec.Instance, d)
+		vm.MinLife = p.minimumLife(rec)
 		vms = append(vms, vm)
 	}
 	decision := fleet.Plan(pl, vms, p.now())
@@ -168,6 +165,21 @@ func (p *planner) plan(ctx context.Context, platform string, pl fleet.Platform, 
 // Records written before berth kept the settings are taken as current.
 func outdated(in *berthv1.InstanceSpec, d *config.DynamicPlatform) bool {
 	return in.Settings != nil && (in.Provider != d.Type || !maps.Equal(in.Settings, d.Settings))
+}
+
+// minimumLife is how long the cloud bills the record's VM at the least, by the type that
+// served it (a fallback type's may differ from the platform's first); 0 when its provider
+// cannot be had.
+func (p *planner) minimumLife(rec *berthv1.BuildHost) time.Duration {
+	provider, err := p.providers.forPlatform(rec.Spec.Instance.Platform)
+	if err != nil {
+		return 0
+	}
+	var served string
+	if st := rec.Status.Instance; st != nil {
+		served = st.InstanceType
+	}
+	return cloud.MinimumLife(provider, served)
 }
 
 // snapshot is how the planner sees a VM: its record's phase and the ledger's occupancy.
