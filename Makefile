@@ -38,8 +38,8 @@ CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.2
 generate:
 	$(CONTROLLER_GEN) object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=config/crd/bases
 
-## testbin: build kube-apiserver, etcd, kube-controller-manager, kubectl and yq into bin/k8s/<version>
-## (each only when missing)
+## testbin: build kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kubectl, yq,
+## Tekton's controller and webhook, and kwok into bin/k8s/<version> (each only when missing)
 testbin:
 	@hack/testbin.sh >/dev/null
 

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, etcd, kube-controller-manager and kubectl (module hack/tools) and yq
-# (module hack/tools/yq, apart so that its dependencies pin nothing of the others) from the
-# module proxy into bin/k8s/<k8s version>/, the directory envtest and `berth dev` read (kubectl
-# and yq are what the dev stack gives steps of the images that carry them). A warm cache is a
-# no-op: each binary is rebuilt only when missing. Cold, on 2 cores, this takes ~6 minutes and
-# ~2 GB of RAM.
+# Builds kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kubectl (module
+# hack/tools), yq (module hack/tools/yq), Tekton Pipelines' controller and webhook (module
+# hack/tools/tekton) and kwok (module hack/tools/kwok) from the module proxy into
+# bin/k8s/<k8s version>/, the directory envtest and `berth dev` read. Each of the last three is a
+# module of its own, so that its dependencies pin nothing of the others. kubectl and yq are what
+# the dev stack gives steps of the images that carry them; kube-scheduler, Tekton and kwok are the
+# real Tekton of the test ground (internal/dev/testground/realtekton). A warm cache is a no-op:
+# each binary is rebuilt only when missing. Cold, on 2 cores, this takes ~18 minutes (Tekton's
+# two about 8 of them, kwok about 3) and ~2 GB of RAM.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/hack/tools"
 k8s_version=$(sed -n 's/^\s*k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$tools/go.mod")
 yq_version=$(sed -n 's/^\s*github.com\/mikefarah\/yq\/v4 \(v[0-9.]*\).*$/\1/p' "$tools/yq/go.mod")
+tekton_version=$(sed -n 's/^\s*github.com\/tektoncd\/pipeline \(v[0-9.]*\).*$/\1/p' "$tools/tekton/go.mod")
+kwok_version=$(sed -n 's/^\s*sigs.k8s.io\/kwok \(v[0-9.]*\).*$/\1/p' "$tools/kwok/go.mod")
 minor=$(echo "$k8s_version" | cut -d. -f2)
 out="$root/bin/k8s/${k8s_version#v}"
 mkdir -p "$out"
@@ -30,8 +35,11 @@ build() {
   mv "$out/$name.tmp" "$out/$name"
 }
 
-for bin in etcd kube-apiserver kube-controller-manager kubectl; do
+for bin in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   build "$bin" "$k8s_version" "$tools" "./cmd/$bin" "$ldflags"
 done
 build yq "$yq_version" "$tools/yq" github.com/mikefarah/yq/v4
+build tekton-controller "$tekton_version" "$tools/tekton" github.com/tektoncd/pipeline/cmd/controller
+build tekton-webhook "$tekton_version" "$tools/tekton" github.com/tektoncd/pipeline/cmd/webhook
+build kwok "$kwok_version" "$tools/kwok" sigs.k8s.io/kwok/cmd/kwok
 echo "$out"

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -34,9 +35,10 @@ type controllerManager struct {
 }
 
 // startControllerManager runs the garbage collector, the namespace controller and the ClusterRole
-// aggregator against the apiserver that kubeconfig reaches. It does not wait for them to sync: a deletion made before
-// they have is still acted on once they have. Its log goes to logDir, or else beside its kubeconfig.
-func startControllerManager(binDir string, kubeconfig []byte, logDir string) (*controllerManager, error) {
+// aggregator, and the extra controllers, against the apiserver that kubeconfig reaches. It does
+// not wait for them to sync: a deletion made before they have is still acted on once they have.
+// Its log goes to logDir, or else beside its kubeconfig.
+func startControllerManager(binDir string, kubeconfig []byte, logDir string, extra []string) (*controllerManager, error) {
 	dir, err := os.MkdirTemp("", controllerManagerDirPrefix)
 	if err != nil {
 		return nil, err
@@ -56,7 +58,7 @@ func startControllerManager(binDir string, kubeconfig []byte, logDir string) (*c
 	}
 	cmd := exec.Command(filepath.Join(binDir, controllerManagerBinary),
 		"--kubeconfig="+kubeconfigPath,
-		"--controllers=garbagecollector,namespace,clusterrole-aggregation",
+		"--controllers="+strings.Join(append([]string{"garbagecollector", "namespace", "clusterrole-aggregation"}, extra...), ","),
 		"--leader-elect=false",
 		// No serving endpoint: nothing probes it, and no port can clash between test packages.
 		"--secure-port=0",

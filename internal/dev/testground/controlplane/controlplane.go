@@ -63,12 +63,15 @@ type Option func(*options)
 type options struct {
 	withoutGarbageCollector bool
 	withoutDefaultCRDs      bool
+	tektonCRDDir            string
 	crdDirs                 []string
 	crds                    []*apiextensionsv1.CustomResourceDefinition
 	logDir                  string
 	auditLog                string
 	auditRules              []auditv1.PolicyRule
 	compaction              time.Duration
+	advertiseAddress        string
+	serviceAccounts         bool
 }
 
 // WithoutGarbageCollector starts no kube-controller-manager, as on a bare apiserver: owner
@@ -99,6 +102,27 @@ func WithoutDefaultCRDs() Option {
 	return func(o *options) { o.withoutDefaultCRDs = true }
 }
 
+// WithTektonCRDs installs the Tekton CRDs in dir instead of those of the Tekton module berth is
+// built against, for a control plane that runs a Tekton of another version (see realtekton).
+func WithTektonCRDs(dir string) Option {
+	return func(o *options) { o.tektonCRDDir = dir }
+}
+
+// WithAdvertiseAddress has kube-apiserver advertise addr to its clients (the kubernetes Service's
+// endpoint). Without it, kube-apiserver picks the address of the interface of the default
+// route, and refuses to start where there is none: in a network namespace with only loopback.
+func WithAdvertiseAddress(addr string) Option {
+	return func(o *options) { o.advertiseAddress = addr }
+}
+
+// WithServiceAccounts has kube-controller-manager also run its serviceaccount controller, which
+// gives every namespace its default ServiceAccount, as on a real cluster: Tekton's controller
+// reads the ServiceAccount a TaskRun runs as, and fails the TaskRun if there is none. Without
+// it no namespace has one, and the apiserver's objects are only those the tests write.
+func WithServiceAccounts() Option {
+	return func(o *options) { o.serviceAccounts = true }
+}
+
 // WithCompaction has kube-apiserver compact etcd's history every interval instead of every
 // five minutes: a test that revises a gigabyte of large objects keeps only minutes of them.
 func WithCompaction(interval time.Duration) Option {
@@ -122,7 +146,7 @@ func Start(opts ...Option) (*ControlPlane, error) {
 	ReapOrphans(bins)
 	crds := o.crdDirs
 	if !o.withoutDefaultCRDs {
-		if crds, err = defaultCRDDirs(crds); err != nil {
+		if crds, err = defaultCRDDirs(o.tektonCRDDir, crds); err != nil {
 			return nil, err
 		}
 	}
@@ -168,6 +192,9 @@ func Start(opts ...Option) (*ControlPlane, error) {
 	if o.compaction > 0 {
 		env.ControlPlane.APIServer.Configure().Set("etcd-compaction-interval", o.compaction.String())
 	}
+	if o.advertiseAddress != "" {
+		env.ControlPlane.APIServer.Configure().Set("advertise-address", o.advertiseAddress)
+	}
 	if o.auditLog != "" {
 		if env.ControlPlane.APIServer == nil {
 			env.ControlPlane.APIServer = &envtest.APIServer{}
@@ -197,7 +224,11 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		cp.logged = append(cp.logged, out.process)
 	}
 	if !o.withoutGarbageCollector {
-		if cp.kcm, err = startControllerManager(bins, env.KubeConfig, o.logDir); err != nil {
+		var extra []string
+		if o.serviceAccounts {
+			extra = append(extra, "serviceaccount")
+		}
+		if cp.kcm, err = startControllerManager(bins, env.KubeConfig, o.logDir, extra); err != nil {
 			_ = env.Stop()
 			return nil, err
 		}
@@ -220,11 +251,14 @@ func (cp *ControlPlane) dirs() []string {
 	return dirs
 }
 
-// defaultCRDDirs puts Tekton's CRDs and berth's own before extra.
-func defaultCRDDirs(extra []string) ([]string, error) {
-	tekton, err := TektonCRDDir()
-	if err != nil {
-		return nil, err
+// defaultCRDDirs puts Tekton's CRDs (those in tekton, else those of berth's Tekton module) and
+// berth's own before extra.
+func defaultCRDDirs(tekton string, extra []string) ([]string, error) {
+	var err error
+	if tekton == "" {
+		if tekton, err = TektonCRDDir(); err != nil {
+			return nil, err
+		}
 	}
 	root, err := RepoRoot()
 	if err != nil {
@@ -276,9 +310,11 @@ func (cp *ControlPlane) EnsureNamespace(ctx context.Context, name string) error 
 }
 
 // BinaryDir finds kube-apiserver, etcd and kube-controller-manager: KUBEBUILDER_ASSETS if set,
-// else the repository's bin/k8s/<KubernetesVersion>, where `make testbin` puts them. The kubectl
-// and yq it builds there too are not required: only some steps of the dev stack use them, and
-// go without them (see devstack's step images), so an older bin/k8s still runs everything else.
+// else the repository's bin/k8s/<KubernetesVersion>, where `make testbin` puts them. The other
+// programs it builds there are not required: kubectl and yq serve only some steps of the dev
+// stack, which go without them (see devstack's step images), and kube-scheduler, Tekton and kwok
+// only the tests on real Tekton (realtekton checks for those itself), so an older bin/k8s still
+// runs everything else.
 func BinaryDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
@@ -299,7 +335,7 @@ func BinaryDir() (string, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager and kubectl v%s, and yq, from the Go module proxy, ~6 minutes cold; binaries already there are kept)",
+		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kubectl v%s, yq, Tekton and kwok from the Go module proxy, ~18 minutes cold; binaries already there are kept)",
 			strings.Join(missing, ", "), dir, KubernetesVersion)
 	}
 	return dir, nil

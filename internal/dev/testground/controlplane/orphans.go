@@ -62,6 +62,33 @@ func recordChildren(binDir string, ownDirs []string) (path string, err error) {
 	return path, os.WriteFile(path, data, 0o600)
 }
 
+// processDirPrefix names the temporary directories of ProcessDir.
+const processDirPrefix = "berth-procs-"
+
+// ProcessDir makes a temporary directory for programs that another package of the test ground
+// starts beside a control plane from the binaries of BinaryDir (realtekton's Tekton, scheduler
+// and kwok). Name it in each program's flags (its kubeconfig's path does): by it,
+// RecordProcesses tells them from other programs, and ReapOrphans removes it with them.
+func ProcessDir(name string) (string, error) {
+	return os.MkdirTemp("", processDirPrefix+name+"-")
+}
+
+// RecordProcesses records in a ledger, as Start does for its own, this process's children that
+// run binaries from binDir and name dir (see ProcessDir) in their flags: if this process dies
+// before it stops them, the next Start from binDir kills them and removes dir. Call it once they
+// have all started, and ForgetProcesses once they have stopped.
+func RecordProcesses(binDir, dir string) (ledger string, err error) {
+	return recordChildren(binDir, []string{dir})
+}
+
+// ForgetProcesses removes a ledger RecordProcesses wrote ("" if it found no process).
+func ForgetProcesses(ledger string) error {
+	if ledger == "" {
+		return nil
+	}
+	return os.Remove(ledger)
+}
+
 // ReapOrphans kills the control-plane processes running from binDir whose owners have died and
 // removes their temporary directories. It returns how many processes it killed.
 func ReapOrphans(binDir string) (reaped int) {
@@ -143,8 +170,8 @@ func startTime(pid int) string {
 	return f[19]
 }
 
-// tempDirsOf returns the temporary directories named in a process's flags: envtest's, and the
-// one of kube-controller-manager's kubeconfig and log.
+// tempDirsOf returns the temporary directories named in a process's flags: envtest's, the one of
+// kube-controller-manager's kubeconfig and log, and those of ProcessDir.
 func tempDirsOf(pid int) []string {
 	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 	if err != nil {
@@ -158,7 +185,8 @@ func tempDirsOf(pid int) []string {
 		}
 		for p := value; p != "/" && p != "."; p = filepath.Dir(p) {
 			base := filepath.Base(p)
-			if (strings.HasPrefix(base, "k8s_test_framework_") || strings.HasPrefix(base, controllerManagerDirPrefix)) && filepath.Dir(p) == os.TempDir() {
+			ours := strings.HasPrefix(base, "k8s_test_framework_") || strings.HasPrefix(base, controllerManagerDirPrefix) || strings.HasPrefix(base, processDirPrefix)
+			if ours && filepath.Dir(p) == os.TempDir() {
 				dirs = append(dirs, p)
 				break
 			}

@@ -1,0 +1,185 @@
+//go:build linux
+
+package realtekton
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// The gate is the kubelet's part kwok cannot play: a pod whose non-optional Secret volume does
+// not exist yet is not started (Tekton's only way to make a Task wait for what berth writes,
+// its ssh secret). kwok's stages see only the pod, so the gate marks a pod once every Secret it
+// mounts exists, and kwok starts only marked pods. It keeps what it saw of those Secrets, as a
+// kubelet mounts them once, for a test to log in with what the step would have read.
+type gate struct {
+	client  kubernetes.Interface
+	pods    corelisters.PodLister
+	secrets corelisters.SecretLister
+	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
+
+	mu      sync.Mutex
+	mounted map[types.NamespacedName]map[string]map[string][]byte
+}
+
+// startGate watches pods and Secrets until ctx ends, and returns once it has seen them all.
+func startGate(ctx context.Context, cfg *rest.Config) (*gate, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	factory := informers.NewSharedInformerFactory(cs, 0)
+	pods, secrets := factory.Core().V1().Pods(), factory.Core().V1().Secrets()
+	g := &gate{
+		client:  cs,
+		pods:    pods.Lister(),
+		secrets: secrets.Lister(),
+		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName]()),
+		mounted: map[types.NamespacedName]map[string]map[string][]byte{},
+	}
+	enqueuePod := func(obj any) {
+		if pod, ok := obj.(*corev1.Pod); ok && waiting(pod) {
+			g.queue.Add(types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name})
+		}
+	}
+	// A new or changed Secret may be the last one a waiting pod of its namespace needs.
+	enqueueNamespace := func(obj any) {
+		secret, ok := obj.(*corev1.Secret)
+		if !ok {
+			return
+		}
+		list, _ := g.pods.Pods(secret.Namespace).List(labels.Everything())
+		for _, pod := range list {
+			enqueuePod(pod)
+		}
+	}
+	if _, err := pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueuePod,
+		UpdateFunc: func(_, obj any) { enqueuePod(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := secrets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueueNamespace,
+		UpdateFunc: func(_, obj any) { enqueueNamespace(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
+		if !synced {
+			g.queue.ShutDown()
+			return nil, fmt.Errorf("the secret gate could not list %v", typ)
+		}
+	}
+	go func() {
+		<-ctx.Done()
+		g.queue.ShutDown()
+		factory.Shutdown()
+	}()
+	go func() {
+		for g.next(ctx) {
+		}
+	}()
+	return g, nil
+}
+
+// waiting tells a pod the gate has yet to mark.
+func waiting(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Annotations[SecretsMountedAnnotation] != "true"
+}
+
+// next handles one pod from the queue; false once the queue is shut down.
+func (g *gate) next(ctx context.Context) bool {
+	key, shutdown := g.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer g.queue.Done(key)
+	if err := g.admit(ctx, key); err != nil {
+		g.queue.AddRateLimited(key)
+		return true
+	}
+	g.queue.Forget(key)
+	return true
+}
+
+// admit marks the pod if every Secret it needs exists, after keeping their data. A missing one
+// leaves the pod waiting: that Secret's creation brings it back.
+func (g *gate) admit(ctx context.Context, key types.NamespacedName) error {
+	pod, err := g.pods.Pods(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) || (err == nil && !waiting(pod)) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	mounted := map[string]map[string][]byte{}
+	for _, name := range requiredSecrets(pod) {
+		secret, err := g.secrets.Secrets(pod.Namespace).Get(name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		mounted[name] = maps.Clone(secret.Data)
+	}
+	g.mu.Lock()
+	g.mounted[key] = mounted
+	g.mu.Unlock()
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{SecretsMountedAnnotation: "true"}}})
+	if err != nil {
+		return err
+	}
+	_, err = g.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// requiredSecrets are the Secrets a kubelet must find to mount the pod's volumes: those of
+// secret volumes and of projected volumes' secret sources, unless optional.
+func requiredSecrets(pod *corev1.Pod) []string {
+	var names []string
+	for _, v := range pod.Spec.Volumes {
+		if s := v.Secret; s != nil && (s.Optional == nil || !*s.Optional) {
+			names = append(names, s.SecretName)
+		}
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if s := src.Secret; s != nil && (s.Optional == nil || !*s.Optional) {
+				names = append(names, s.Name)
+			}
+		}
+	}
+	return names
+}
+
+// MountedSecrets is what the pod's Secret volumes held when the gate let it start, by Secret
+// name and key (nil if it has not started): what its steps would have read, say the ssh key
+// berth wrote for the build. It is taken once, when the pod starts: a later change to a Secret
+// is not in it, as a step that has read its key does not see it either.
+func (t *Tekton) MountedSecrets(namespace, pod string) map[string]map[string][]byte {
+	t.gate.mu.Lock()
+	defer t.gate.mu.Unlock()
+	return t.gate.mounted[types.NamespacedName{Namespace: namespace, Name: pod}]
+}
