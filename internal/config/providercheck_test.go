@@ -89,7 +89,9 @@ func TestAProviderRefusalMakesOnlyItsPlatformUnusable(t *testing.T) {
 // refusal is a provider's refusal of one key, as cloud.BadKey makes it.
 type refusal struct{ key, reason string }
 
-func (r refusal) Error() string     { return "setup: bad configuration: platform p: " + r.key + ": " + r.reason }
+func (r refusal) Error() string {
+	return "setup: bad configuration: platform p: " + r.key + ": " + r.reason
+}
 func (r refusal) ConfigKey() string { return r.key }
 func (r refusal) Reason() string    { return r.reason }
 
