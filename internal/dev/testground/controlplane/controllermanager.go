@@ -2,12 +2,9 @@ package controlplane
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -27,11 +24,8 @@ const (
 
 // controllerManager is a running kube-controller-manager.
 type controllerManager struct {
-	cmd    *exec.Cmd
-	dir    string
-	log    *os.File
-	exited chan struct{}
-	err    error // how it exited, once exited is closed
+	*Program
+	dir string // its kubeconfig, and its log unless WithLogDir
 }
 
 // startControllerManager runs the garbage collector, the namespace controller and the ClusterRole
@@ -51,55 +45,24 @@ func startControllerManager(binDir string, kubeconfig []byte, logDir string, ext
 	if logDir == "" {
 		logDir = dir
 	}
-	log, err := os.Create(filepath.Join(logDir, controllerManagerBinary+".log"))
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(binDir, controllerManagerBinary),
-		"--kubeconfig="+kubeconfigPath,
-		"--controllers="+strings.Join(append([]string{"garbagecollector", "namespace", "clusterrole-aggregation"}, extra...), ","),
+	prog, err := StartProgram(filepath.Join(binDir, controllerManagerBinary), filepath.Join(logDir, controllerManagerBinary+".log"), []string{
+		"--kubeconfig=" + kubeconfigPath,
+		"--controllers=" + strings.Join(append([]string{"garbagecollector", "namespace", "clusterrole-aggregation"}, extra...), ","),
 		"--leader-elect=false",
 		// No serving endpoint: nothing probes it, and no port can clash between test packages.
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
-	)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own process group, as envtest gives kube-apiserver and etcd: a Ctrl-C at the terminal
-	// reaches only the owner (`berth dev`), which then stops the control plane in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		_ = log.Close()
+	}, nil)
+	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting %s: %w", controllerManagerBinary, err)
+		return nil, err
 	}
-	m := &controllerManager{cmd: cmd, dir: dir, log: log, exited: make(chan struct{})}
-	go func() {
-		m.err = cmd.Wait()
-		close(m.exited)
-	}()
-	return m, nil
+	return &controllerManager{Program: prog, dir: dir}, nil
 }
 
 // stop ends kube-controller-manager and removes its directory. It reports an exit that came
 // before it was asked to stop, with the end of its log: until then, tests ran without a garbage
 // collector.
 func (m *controllerManager) stop() error {
-	var early error
-	select {
-	case <-m.exited:
-		early = fmt.Errorf("%s exited while the control plane was in use (%v): %s", controllerManagerBinary, m.err, m.logTail())
-	default:
-		_ = m.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-m.exited:
-		case <-time.After(controllerManagerStopWait):
-			_ = m.cmd.Process.Kill()
-			<-m.exited
-		}
-	}
-	return errors.Join(early, m.log.Close(), os.RemoveAll(m.dir))
+	return errors.Join(m.Stop(controllerManagerStopWait), os.RemoveAll(m.dir))
 }
-
-// logTail is the last lines of its log, for an error message.
-func (m *controllerManager) logTail() string { return tail(m.log.Name(), 10) }

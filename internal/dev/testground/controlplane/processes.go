@@ -49,8 +49,7 @@ func (p Process) LogTail(n int) string { return tail(p.LogPath, n) }
 func (cp *ControlPlane) Processes() []Process {
 	procs := append([]Process(nil), cp.logged...)
 	if cp.kcm != nil {
-		m := cp.kcm
-		procs = append(procs, Process{Name: controllerManagerBinary, LogPath: m.log.Name(), done: m.exited, err: func() error { return m.err }})
+		procs = append(procs, cp.kcm.process())
 	}
 	return procs
 }

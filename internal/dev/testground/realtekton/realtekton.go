@@ -57,7 +57,7 @@ var binaries = []string{"tekton-controller", "tekton-webhook", "kube-scheduler",
 type Tekton struct {
 	client client.Client
 	dir    string
-	procs  []*process
+	procs  []*controlplane.Program
 	ledger string
 	gate   *gate
 	stop   context.CancelFunc // the gate's
@@ -170,13 +170,10 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane) (_ *Tekton, err e
 		// HOME is its directory, so that no ~/.kwok/kwok.yaml of the machine's joins its config.
 		{"kwok", []string{"--kubeconfig=" + kubeconfig, "--config=" + kwokConfig}, []string{"HOME=" + dir}},
 	} {
-		proc, err := startProcess(filepath.Join(bins, p.name), dir, p.args, p.env)
+		proc, err := controlplane.StartProgram(filepath.Join(bins, p.name), filepath.Join(dir, p.name+".log"), p.args, p.env)
 		if err != nil {
 			return nil, err
 		}
-		// Knative's webhook server keeps serving 45 s after SIGTERM, for load balancers to
-		// notice; there are none, and it keeps nothing that a kill loses.
-		proc.drains = p.name == "tekton-webhook"
 		t.procs = append(t.procs, proc)
 	}
 	// Recorded once all have started, so that a test binary killed from now on leaves none
@@ -340,10 +337,8 @@ func (t *Tekton) EnsureNamespace(ctx context.Context, name string) error {
 // exited reports a process that has exited, with the end of its log.
 func (t *Tekton) exited() error {
 	for _, p := range t.procs {
-		select {
-		case <-p.exited:
-			return fmt.Errorf("%s exited (%v):\n%s", p.name, p.err, p.logTail(20))
-		default:
+		if err := p.Exited(); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -353,8 +348,8 @@ func (t *Tekton) exited() error {
 // tekton-webhook, kube-scheduler, kwok), for a test that fails to say what Tekton did.
 func (t *Tekton) LogTail(name string, n int) string {
 	for _, p := range t.procs {
-		if p.name == name {
-			return p.logTail(n)
+		if p.Name == name {
+			return p.LogTail(n)
 		}
 	}
 	return "(no process " + name + ")"
@@ -366,7 +361,13 @@ func (t *Tekton) LogTail(name string, n int) string {
 func (t *Tekton) Stop() error {
 	var errs []error
 	for i := len(t.procs) - 1; i >= 0; i-- {
-		errs = append(errs, t.procs[i].stop())
+		wait := stopWait
+		if t.procs[i].Name == "tekton-webhook" {
+			// Knative's webhook server keeps serving 45 s after SIGTERM, for load balancers to
+			// notice; there are none, and it keeps nothing that a kill loses.
+			wait = 0
+		}
+		errs = append(errs, t.procs[i].Stop(wait))
 	}
 	if t.stop != nil {
 		t.stop()

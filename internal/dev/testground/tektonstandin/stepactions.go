@@ -43,15 +43,19 @@ func (s *StandIn) resolveStepActions(ctx context.Context, tr *pipelinev1.TaskRun
 		if step.Ref.Resolver != "" {
 			return nil, unsupported("remote resolution of StepActions (step %q, resolver %q); apply the StepAction to the namespace and refer to it by name", step.Name, step.Ref.Resolver)
 		}
-		action, err := s.stepAction(ctx, tr.Namespace, step.Ref.Name)
-		if err != nil {
-			if apierrors.IsNotFound(err) || isResolution(err) {
-				return nil, &runError{reason: reasonResolutionFailed,
-					message: fmt.Sprintf("failed to resolve step ref for step %q (index %d): %v", step.Name, i, err)}
-			}
-			return nil, err
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(stepActionGVK)
+		err := s.client.Get(ctx, types.NamespacedName{Namespace: tr.Namespace, Name: step.Ref.Name}, u)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, err // the apiserver's trouble: tried again
 		}
-		resolved, err := applyStepAction(tr, spec, step, action)
+		var resolved pipelinev1.Step
+		if err == nil {
+			var action *pipelinev1beta1.StepActionSpec
+			if action, err = stepActionSpec(u); err == nil {
+				resolved, err = applyStepAction(tr, spec, step, action)
+			}
+		}
 		if err != nil {
 			return nil, &runError{reason: reasonResolutionFailed,
 				message: fmt.Sprintf("failed to resolve step ref for step %q (index %d): %v", step.Name, i, err)}
@@ -61,23 +65,11 @@ func (s *StandIn) resolveStepActions(ctx context.Context, tr *pipelinev1.TaskRun
 	return steps, nil
 }
 
-type resolutionError struct{ error }
-
-func isResolution(err error) bool {
-	_, ok := err.(resolutionError)
-	return ok
-}
-
-// stepAction reads a StepAction of the namespace.
-func (s *StandIn) stepAction(ctx context.Context, namespace, name string) (*pipelinev1beta1.StepActionSpec, error) {
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(stepActionGVK)
-	if err := s.client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, u); err != nil {
-		return nil, err
-	}
+// stepActionSpec is a StepAction as read, its params' types defaulted as Tekton does.
+func stepActionSpec(u *unstructured.Unstructured) (*pipelinev1beta1.StepActionSpec, error) {
 	var action pipelinev1beta1.StepAction
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &action); err != nil {
-		return nil, resolutionError{fmt.Errorf("StepAction %s/%s: %w", namespace, name, err)}
+		return nil, fmt.Errorf("StepAction %s/%s: %w", u.GetNamespace(), u.GetName(), err)
 	}
 	spec := action.Spec
 	for i := range spec.Params {
@@ -266,7 +258,7 @@ func withStepResults(values []string, stepsDir string) ([]string, error) {
 		var failed error
 		out[i] = stepResultReference.ReplaceAllStringFunc(v, func(ref string) string {
 			m := stepResultReference.FindStringSubmatch(ref)
-			value, err := readStepResult(filepath.Join(stepsDir, stepName(m[1], 0), "results", m[2]))
+			value, err := readStepResult(filepath.Join(stepsDir, "step-"+m[1], "results", m[2]))
 			if err != nil && failed == nil {
 				failed = fmt.Errorf("reading %s: %w", ref, err)
 			}

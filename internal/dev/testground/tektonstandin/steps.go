@@ -78,30 +78,30 @@ func (s *StandIn) runSteps(ctx context.Context, tr *pipelinev1.TaskRun) (*runOut
 		started := metav1.Now()
 		code, err := s.runStep(stepCtx, tr, rs, i, volumes, workspaces, podMounts[name], dir)
 		cancel()
-		states.results = stepResults(step, i, filepath.Join(tekton, "steps"))
+		results := stepResults(step, i, filepath.Join(tekton, "steps"))
 		if code >= 0 {
 			if werr := os.WriteFile(filepath.Join(tekton, "steps", name, "exitCode"), []byte(strconv.Itoa(code)), 0o644); werr != nil {
 				return out, werr
 			}
 		}
 		if err == nil {
-			states.ended(started, code, terminationCompleted)
+			states.ended(started, code, terminationCompleted, results)
 			continue
 		}
 		if ctx.Err() != nil {
 			return out, fmt.Errorf("%s: %w", name, ctx.Err())
 		}
 		if stepCtx.Err() != nil {
-			states.ended(started, 1, terminationTimeoutExceeded) // the entrypoint exits 1
+			states.ended(started, 1, terminationTimeoutExceeded, results) // the entrypoint exits 1
 			states.skipRest()
 			return out, fmt.Errorf("%s exceeded its timeout of %s", name, step.Timeout.Duration)
 		}
 		if step.OnError == pipelinev1.Continue && code > 0 {
-			states.ended(started, code, terminationContinued)
+			states.ended(started, code, terminationContinued, results)
 			continue // Tekton records the exit code and goes on
 		}
 		if code >= 0 {
-			states.ended(started, code, terminationError)
+			states.ended(started, code, terminationError, results)
 			states.skipRest()
 		}
 		return out, err
@@ -139,26 +139,25 @@ const (
 // as a container (Completed) but reports its script's exit code; the steps after a failed
 // one are skipped by Tekton's entrypoint, which exits 1 for each.
 type stepStates struct {
-	steps   []pipelinev1.Step
-	done    []pipelinev1.StepState
-	results []pipelinev1.TaskRunStepResult // the results of the step that ends next
+	steps []pipelinev1.Step
+	done  []pipelinev1.StepState
 }
 
-func (s *stepStates) ended(started metav1.Time, code int, termination string) {
+func (s *stepStates) ended(started metav1.Time, code int, termination string, results []pipelinev1.TaskRunStepResult) {
 	reason := terminationCompleted
 	if code != 0 && termination != terminationContinued {
 		reason = terminationError
 	}
-	s.add(started, code, reason, termination)
+	s.add(started, code, reason, termination, results)
 }
 
 func (s *stepStates) skipRest() {
 	for len(s.done) < len(s.steps) {
-		s.add(metav1.Now(), 1, terminationError, terminationSkipped)
+		s.add(metav1.Now(), 1, terminationError, terminationSkipped, nil)
 	}
 }
 
-func (s *stepStates) add(started metav1.Time, code int, reason, termination string) {
+func (s *stepStates) add(started metav1.Time, code int, reason, termination string, results []pipelinev1.TaskRunStepResult) {
 	i := len(s.done)
 	container := stepName(s.steps[i].Name, i)
 	s.done = append(s.done, pipelinev1.StepState{
@@ -168,9 +167,8 @@ func (s *stepStates) add(started metav1.Time, code int, reason, termination stri
 			ExitCode: int32(code), Reason: reason, StartedAt: started, FinishedAt: metav1.Now(),
 		}},
 		TerminationReason: termination,
-		Results:           s.results,
+		Results:           results,
 	})
-	s.results = nil
 }
 
 // runStep runs one step and returns its exit code (-1 if it never started). podMounts are the
