@@ -167,11 +167,11 @@ func outdated(in *berthv1.InstanceSpec, d *config.DynamicPlatform) bool {
 	return in.Settings != nil && (in.Provider != d.Type || !maps.Equal(in.Settings, d.Settings))
 }
 
-// minimumLife is how long the cloud bills the record's VM at the least, by the type that
-// served it (a fallback type's may differ from the platform's first); 0 when its provider
-// cannot be had.
+// minimumLife is how long the cloud bills the record's VM at the least, by the provider it
+// was launched through and the type that served it (a fallback type's may differ from the
+// platform's first); 0 when its provider cannot be had.
 func (p *planner) minimumLife(rec *berthv1.BuildHost) time.Duration {
-	provider, err := p.providers.forPlatform(rec.Spec.Instance.Platform)
+	provider, err := p.providers.of(rec)
 	if err != nil {
 		return 0
 	}
