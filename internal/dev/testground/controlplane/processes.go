@@ -49,7 +49,7 @@ func (p Process) LogTail(n int) string { return tail(p.LogPath, n) }
 func (cp *ControlPlane) Processes() []Process {
 	procs := append([]Process(nil), cp.logged...)
 	if cp.kcm != nil {
-		procs = append(procs, cp.kcm.process())
+		procs = append(procs, cp.kcm.Process())
 	}
 	return procs
 }

@@ -83,7 +83,7 @@ func (p *Program) LogPath() string { return p.log.Name() }
 // LogTail is up to the last n lines of its log.
 func (p *Program) LogTail(n int) string { return tail(p.log.Name(), n) }
 
-// process is the program as Processes lists it.
-func (p *Program) process() Process {
+// Process is the program as Processes lists it, for an owner that watches it.
+func (p *Program) Process() Process {
 	return Process{Name: p.Name, LogPath: p.LogPath(), done: p.exited, err: func() error { return p.err }}
 }

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strconv"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -143,7 +145,11 @@ func (g *gate) admit(ctx context.Context, key types.NamespacedName) error {
 	g.mu.Lock()
 	g.mounted[key] = mounted
 	g.mu.Unlock()
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{SecretsMountedAnnotation: "true"}}})
+	marks := map[string]string{SecretsMountedAnnotation: "true"}
+	if step := failingStep(pod); step != "" {
+		marks[failingStepAnnotation] = step
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": marks}})
 	if err != nil {
 		return err
 	}
@@ -152,6 +158,31 @@ func (g *gate) admit(ctx context.Context, key types.NamespacedName) error {
 		return nil
 	}
 	return err
+}
+
+// failingStep is the step that fails in the pod's attempt ("" if none): FailStepAnnotation's,
+// in every attempt or in the first FailAttemptsAnnotation ones. Tekton names the pod of a
+// TaskRun's first attempt <taskrun>-pod and the pod of attempt k+1 <taskrun>-pod-retry<k>.
+func failingStep(pod *corev1.Pod) string {
+	step := pod.Annotations[FailStepAnnotation]
+	limit, limited := pod.Annotations[FailAttemptsAnnotation]
+	if step == "" || !limited {
+		return step
+	}
+	failing, err := strconv.Atoi(limit)
+	if err != nil {
+		return step // a test's typo fails loudly rather than passing by chance
+	}
+	attempt := 1
+	if i := strings.LastIndex(pod.Name, "-retry"); i >= 0 {
+		if k, err := strconv.Atoi(pod.Name[i+len("-retry"):]); err == nil {
+			attempt = k + 1
+		}
+	}
+	if attempt > failing {
+		return ""
+	}
+	return step
 }
 
 // requiredSecrets are the Secrets a kubelet must find to mount the pod's volumes: those of
@@ -182,4 +213,15 @@ func (t *Tekton) MountedSecrets(namespace, pod string) map[string]map[string][]b
 	t.gate.mu.Lock()
 	defer t.gate.mu.Unlock()
 	return t.gate.mounted[types.NamespacedName{Namespace: namespace, Name: pod}]
+}
+
+// EndSteps ends the steps of a pod of a TaskRun with HoldAnnotation: kwok ends them as it would
+// have at once without it.
+func (t *Tekton) EndSteps(ctx context.Context, namespace, pod string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{endAnnotation: "true"}}})
+	if err != nil {
+		return err
+	}
+	_, err = t.gate.client.CoreV1().Pods(namespace).Patch(ctx, pod, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }

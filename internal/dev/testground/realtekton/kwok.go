@@ -21,8 +21,10 @@ import (
 //     and that is how a Task waits for what berth writes.
 //   - then Running, its init containers done and its containers started;
 //   - its steps end once Tekton has marked it ready (tekton.dev/ready: READY), which is when
-//     Tekton's entrypoint lets the first step run, RunForAnnotation later: all with exit 0, or,
-//     with FailStepAnnotation, the step it names with exit 1, and the pod Failed;
+//     Tekton's entrypoint lets the first step run, RunForAnnotation later, or, with
+//     HoldAnnotation, once a test ends them (EndSteps): all with exit 0, or, when the gate
+//     found the attempt is to fail (FailStepAnnotation, FailAttemptsAnnotation), the step
+//     named with exit 1, and the pod Failed;
 //   - deleted at once when deleted: no kubelet waits out the grace period.
 //
 // Step results are not written (Tekton reads them from a termination message).
@@ -32,11 +34,25 @@ const (
 	// SecretsMountedAnnotation marks a pod whose secret volumes could all be mounted.
 	SecretsMountedAnnotation = "testground.berth-ci.dev/secrets-mounted"
 	// FailStepAnnotation on a TaskRun (Tekton copies it to the pod) names a step (as in the
-	// Task) that exits 1, failing the pod and so the TaskRun, every attempt.
+	// Task) that exits 1, failing the pod and so the attempt: every attempt, or with
+	// FailAttemptsAnnotation the first ones.
 	FailStepAnnotation = "testground.berth-ci.dev/fail-step"
+	// FailAttemptsAnnotation on a TaskRun with FailStepAnnotation is how many of its attempts
+	// (Tekton's retries) fail, the first ones; those after succeed.
+	FailAttemptsAnnotation = "testground.berth-ci.dev/fail-attempts"
 	// RunForAnnotation on a TaskRun is how long (a Go duration) its pod's steps run before
 	// they end, so that a test can act on a running TaskRun; by default they end at once.
 	RunForAnnotation = "testground.berth-ci.dev/run-for"
+	// HoldAnnotation ("true") on a TaskRun keeps its pods' steps running until the test ends
+	// them with EndSteps: for a test that acts while a step runs (logs in as the build would)
+	// with no clock deciding whether it was in time.
+	HoldAnnotation = "testground.berth-ci.dev/hold"
+
+	// failingStepAnnotation is the gate's word to kwok on a pod: the step that fails in this
+	// attempt.
+	failingStepAnnotation = "testground.berth-ci.dev/failing-step"
+	// endAnnotation on a held pod ends its steps (EndSteps).
+	endAnnotation = "testground.berth-ci.dev/end"
 
 	kwokNodeLabel = "testground.berth-ci.dev/kwok"
 	nodeWait      = time.Minute
@@ -74,8 +90,8 @@ spec:
       capacity: {cpu: "1000", memory: 1Ti, pods: "10000"}
       allocatable: {cpu: "1000", memory: 1Ti, pods: "10000"}
       nodeInfo:
-        architecture: amd64
-        operatingSystem: linux
+        architecture: {{ index .metadata.labels "kubernetes.io/arch" | Quote }}
+        operatingSystem: {{ index .metadata.labels "kubernetes.io/os" | Quote }}
         kubeletVersion: kwok
         containerRuntimeVersion: kwok
         kernelVersion: kwok
@@ -151,6 +167,9 @@ spec:
     - key: '.metadata.annotations["tekton.dev/ready"]'
       operator: In
       values: [READY]
+    - key: '(.metadata.annotations["` + HoldAnnotation + `"] // "") != "true" or (.metadata.annotations["` + endAnnotation + `"] // "") == "true"'
+      operator: In
+      values: ["true"]
   delay:
     durationMilliseconds: 0
     durationFrom:
@@ -160,7 +179,7 @@ spec:
     statusTemplate: |
       {{ $now := Now }}
       {{ $fail := "" }}
-      {{ with .metadata.annotations }}{{ with index . "` + FailStepAnnotation + `" }}{{ $fail = printf "step-%s" . }}{{ end }}{{ end }}
+      {{ with .metadata.annotations }}{{ with index . "` + failingStepAnnotation + `" }}{{ $fail = printf "step-%s" . }}{{ end }}{{ end }}
       phase: {{ if $fail }}Failed{{ else }}Succeeded{{ end }}
       conditions:
       - {type: ContainersReady, status: "False", reason: PodCompleted, lastTransitionTime: {{ $now | Quote }}}
@@ -196,15 +215,22 @@ spec:
     delete: true
 `
 
+// AddNode adds a node of an OS and architecture (the values of the kubernetes.io/os and
+// kubernetes.io/arch labels) for kwok to play, and waits until it is Ready: pods that must run
+// on such a node (berth's local platforms) are scheduled there.
+func (t *Tekton) AddNode(ctx context.Context, name, os, arch string) error {
+	return addNode(ctx, t.client, name, os, arch)
+}
+
 // addNode adds a node for kwok to play and waits until it is Ready. The apiserver taints every
 // new node not-ready, a taint only kube-controller-manager's node lifecycle controller (not run
 // here) lifts; the node is untainted here instead, as that controller would once it is Ready.
-func addNode(ctx context.Context, c client.Client, name string) error {
+func addNode(ctx context.Context, c client.Client, name, os, arch string) error {
 	node := &corev1.Node{}
 	node.Name = name
 	node.Labels = map[string]string{
-		"kubernetes.io/arch":     "amd64",
-		"kubernetes.io/os":       "linux",
+		"kubernetes.io/arch":     arch,
+		"kubernetes.io/os":       os,
 		"kubernetes.io/hostname": name,
 		kwokNodeLabel:            "true",
 	}

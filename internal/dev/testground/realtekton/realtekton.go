@@ -56,6 +56,7 @@ var binaries = []string{"tekton-controller", "tekton-webhook", "kube-scheduler",
 // Tekton is a running Tekton controller and webhook, kube-scheduler, kwok and the secret gate.
 type Tekton struct {
 	client client.Client
+	module string // the module's directory
 	dir    string
 	procs  []*controlplane.Program
 	ledger string
@@ -129,7 +130,7 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane) (_ *Tekton, err e
 	if err != nil {
 		return nil, err
 	}
-	t := &Tekton{client: cp.Client, dir: dir}
+	t := &Tekton{client: cp.Client, dir: dir, module: module}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, t.Stop())
@@ -181,7 +182,7 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane) (_ *Tekton, err e
 	if t.ledger, err = controlplane.RecordProcesses(bins, dir); err != nil {
 		return nil, fmt.Errorf("recording Tekton's processes: %w", err)
 	}
-	if err := addNode(ctx, cp.Client, NodeName); err != nil {
+	if err := addNode(ctx, cp.Client, NodeName, "linux", "amd64"); err != nil {
 		return nil, err
 	}
 	if err := t.waitForWebhook(ctx, cp.Client); err != nil {
@@ -342,6 +343,23 @@ func (t *Tekton) exited() error {
 		}
 	}
 	return nil
+}
+
+// Version is the version of Tekton that runs, as the module cache names its directory.
+func (t *Tekton) Version() string {
+	if _, v, ok := strings.Cut(filepath.Base(t.module), "@"); ok {
+		return v
+	}
+	return "(unknown version)"
+}
+
+// Processes are Start's programs, for an owner that watches them (the dev stack's supervisor).
+func (t *Tekton) Processes() []controlplane.Process {
+	procs := make([]controlplane.Process, 0, len(t.procs))
+	for _, p := range t.procs {
+		procs = append(procs, p.Process())
+	}
+	return procs
 }
 
 // LogTail is up to the last n lines of the log of one of Start's programs (tekton-controller,
