@@ -90,10 +90,17 @@ type task struct {
 
 func newTask(t testing.TB) task {
 	t.Helper()
+	return newRetriedTask(t, 0)
+}
+
+// newRetriedTask is newTask for a TaskRun that Tekton retries up to retries times, as a
+// pipeline task with `retries: N` makes it.
+func newRetriedTask(t testing.TB, retries int) task {
+	t.Helper()
 	ctx := context.Background()
 	tr := &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "build-", Namespace: tenant},
-		Spec:       pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}},
+		Spec:       pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}, Retries: retries},
 	}
 	if err := cp.Client.Create(ctx, tr); err != nil {
 		t.Fatal(err)

@@ -1,10 +1,12 @@
 // Package keyserver is berth's one-time-password key server: a task's private key is kept
-// sealed in a Secret of berth's namespace, and handed out once, over HTTPS, to whoever sends
-// the token it was sealed under (POST /otp), as the buildah-remote Tasks expect. Keys outlive
-// restarts of the server (they are in the apiserver, not in memory), a key is handed out at
-// most once however many ask at the same moment (the delete that claims it is conditional on
-// the version read), and a key stays redeemable only while the task it was made for holds its
-// build user, and for at most a TTL.
+// sealed in a Secret of berth's namespace, and handed out once per attempt of its task, over
+// HTTPS, to whoever sends the token it was sealed under (POST /otp), as the buildah-remote
+// Tasks expect. Keys outlive restarts of the server (they are in the apiserver, not in memory),
+// a key is handed out at most once per attempt of its task however many ask at the same moment
+// (the delete that claims it is conditional on the version read), and a key stays redeemable
+// only while the task it was made for holds its build user, and for at most a TTL after it was
+// stored or, in a later attempt of a TaskRun that Tekton retries, after that attempt started.
+// A key stored through POST /store-key has no task: it is handed out once.
 package keyserver
 
 import (
@@ -12,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,7 +43,12 @@ const (
 	expiresAnnotation       = "berth.dev/otp-expires"
 	// storedByAnnotation names the ServiceAccount that stored a key through POST /store-key.
 	storedByAnnotation = "berth.dev/otp-stored-by"
-	sealedKey          = "sealed"
+	// redeemedAttemptAnnotation is the attempt of its TaskRun (1, 2, …) that last redeemed a
+	// key bound to a task which Tekton may retry; a key never redeemed has none. It is not
+	// sealed with the key: the server writes it without a new seal, and only who can write
+	// berth's namespace could change it, which tenants cannot.
+	redeemedAttemptAnnotation = "berth.dev/otp-redeemed-attempt"
+	sealedKey                 = "sealed"
 	// SecretType is the type of a kept key's Secret.
 	SecretType corev1.SecretType = "berth.dev/one-time-key"
 )
@@ -62,8 +70,8 @@ type Binding struct {
 // Why a redemption fails. Each is what the person reading the task's log is told, and none
 // tells of a token that was never issued more than "unknown or already used".
 var (
-	ErrUnknown = errors.New("unknown or already used one-time token: a token is good for one redemption; start a new build to get another")
-	ErrExpired = errors.New("the one-time token has expired: a key is kept only a limited time after berth stores it; start a new build")
+	ErrUnknown = errors.New("unknown or already used one-time token: a token is good for one redemption per attempt of its task; start a new build to get another")
+	ErrExpired = errors.New("the one-time token has expired: a key is kept only a limited time after berth stores it, or after a retried task's next attempt starts; start a new build")
 	ErrEnded   = errors.New("the task this one-time token was issued to has ended or no longer holds its build host, so its key was withdrawn; start a new build")
 	// ErrBusy: the index could not tell and its budget of apiserver reads is spent; nothing
 	// was decided about the token.
@@ -143,9 +151,12 @@ func (s *Store) Put(ctx context.Context, key []byte, bound *Binding, storedBy st
 	return tok, nil
 }
 
-// Holds tells whether the token text still keeps key, unredeemed and unexpired, for the task
-// of bound: a pass that wrote a task's secret and failed after, run again, hands out the same
-// token instead of withdrawing one the task may already have read.
+// Holds tells whether the token text still keeps key for the task of bound, redeemable by it
+// now or by a later attempt of its TaskRun: unredeemed and unexpired, or redeemed by an attempt
+// and kept for the next (that attempt's own window is judged when it redeems; if none comes,
+// the task's end deletes the key). A pass that wrote a task's secret and failed after, run
+// again, hands out the same token instead of withdrawing one the task may already have read.
+// It reads no record and no TaskRun: it answers for the binding it is given.
 func (s *Store) Holds(ctx context.Context, text string, bound Binding, key []byte) (bool, error) {
 	tok, err := otp.ParseToken(text)
 	if err != nil {
@@ -166,8 +177,48 @@ func (s *Store) Holds(ctx context.Context, text string, bound Binding, key []byt
 	if err != nil || !bytes.Equal(kept, key) {
 		return false, nil
 	}
+	switch redeemed, err := redeemedAttempt(&secret); {
+	case err != nil:
+		return false, nil
+	case redeemed > 0:
+		return true, nil
+	}
 	expires, err := time.Parse(time.RFC3339, secret.Annotations[expiresAnnotation])
 	return err == nil && s.now().Before(expires), nil
+}
+
+// redeemedAttempt is the attempt of its TaskRun that last redeemed a kept key, 0 if none did.
+func redeemedAttempt(secret *corev1.Secret) (int, error) {
+	v, ok := secret.Annotations[redeemedAttemptAnnotation]
+	if !ok {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("annotation %s of a kept key is %q, not an attempt", redeemedAttemptAnnotation, v)
+	}
+	return n, nil
+}
+
+// attemptOf is the attempt a TaskRun is in: Tekton retries one in place, archiving the status
+// of each failed attempt in status.retriesStatus before it makes the next attempt's pod, so a
+// read of the TaskRun at a redemption always sees the attempt of the pod that redeems.
+func attemptOf(tr *pipelinev1.TaskRun) int { return len(tr.Status.RetriesStatus) + 1 }
+
+// attemptStart is when the TaskRun's current attempt started. Tekton sets status.startTime in
+// the reconcile that makes the attempt's pod and writes it with the pod's name, before that pod
+// can have reached the step that redeems; should the write have failed and be retried, the end
+// of the attempt before stands in, which is never later than the start of the next (Tekton
+// starts it at once). Neither known (no Tekton writes such a status): the window cannot be
+// counted, and the redemption is refused as expired rather than left unbounded.
+func attemptStart(tr *pipelinev1.TaskRun) (time.Time, bool) {
+	if tr.Status.StartTime != nil {
+		return tr.Status.StartTime.Time, true
+	}
+	if n := len(tr.Status.RetriesStatus); n > 0 && tr.Status.RetriesStatus[n-1].CompletionTime != nil {
+		return tr.Status.RetriesStatus[n-1].CompletionTime.Time, true
+	}
+	return time.Time{}, false
 }
 
 // sealContext is what is sealed with the key besides it: where it is kept, the task it is
@@ -184,11 +235,16 @@ type Redemption struct {
 	Allocation string
 }
 
-// Redeem hands out the key kept under the token text, once: of any number of redemptions of
-// one token, only the one whose delete of the key's Secret succeeds gets the key. A token that
-// expired, or whose task ended, fails and its key is deleted. Errors other than ErrUnknown,
-// ErrExpired, ErrEnded, ErrBusy and otp.ErrMalformed are the apiserver's; the key is then
-// still kept. With an Index, a token whose name it does not know costs no apiserver request.
+// Redeem hands out the key kept under the token text, once per attempt of its task: of any
+// number of redemptions of one token in one attempt, only the one whose conditional write of
+// the key's Secret (on the version read) succeeds gets the key. If the TaskRun may still be
+// retried, that write marks the key with the attempt that redeemed it and keeps it, for the
+// next attempt to redeem within a TTL of its start; otherwise (the last attempt, or a task
+// without retries) it deletes the key. A token that expired, or whose task ended, fails and
+// its key is deleted (unless only this attempt's window passed and a later attempt may still
+// come). Errors other than ErrUnknown, ErrExpired, ErrEnded, ErrBusy and otp.ErrMalformed are
+// the apiserver's; the key is then still kept. With an Index, a token whose name it does not
+// know costs no apiserver request.
 func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	tok, err := otp.ParseToken(text)
 	if err != nil {
@@ -226,13 +282,40 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 		// Changed by someone without the token: it can never be redeemed.
 		return done, errors.Join(ErrUnknown, s.withdraw(ctx, &secret))
 	}
-	if refusal, err := s.judge(ctx, &secret); err != nil {
+	tr, refusal, err := s.judge(ctx, &secret)
+	switch {
+	case err != nil:
 		return done, err
-	} else if refusal != nil {
+	case refusal != nil:
 		return done, errors.Join(refusal, s.withdraw(ctx, &secret))
 	}
-	// The claim: only the version read is deleted. Every other redemption of this token finds
-	// it gone (or, past a conflict, changed) and gets ErrUnknown.
+	// Tekton makes another attempt if this one fails while fewer than spec.retries failed.
+	retriable := tr != nil && tr.IsRetriable()
+	if tr != nil {
+		switch refusal := s.judgeAttempt(tr, &secret); {
+		case refusal != nil && retriable:
+			return done, refusal // the key stays kept for the next attempt
+		case refusal != nil:
+			return done, errors.Join(refusal, s.withdraw(ctx, &secret))
+		}
+	}
+	// The claim, on the version read: every other redemption of this token in this attempt
+	// finds the key gone, changed (a conflict) or marked with this attempt, and gets ErrUnknown.
+	if retriable {
+		claimed := secret.DeepCopy()
+		if claimed.Annotations == nil {
+			claimed.Annotations = map[string]string{}
+		}
+		claimed.Annotations[redeemedAttemptAnnotation] = strconv.Itoa(attemptOf(tr))
+		switch err := s.Client.Update(ctx, claimed); {
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			return done, ErrUnknown
+		case err != nil:
+			return done, fmt.Errorf("claiming the one-time key: %w", err)
+		}
+		done.Key = key
+		return done, nil
+	}
 	switch err := s.Client.Delete(ctx, &secret, client.Preconditions{UID: &secret.UID, ResourceVersion: &secret.ResourceVersion}); {
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		return done, ErrUnknown
@@ -244,53 +327,83 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	return done, nil
 }
 
-// judge tells why a kept key may no longer be redeemed (nil: it may). Only the clock and
-// berth's own records decide, never anything a tenant writes; the TaskRun is read only to
-// refuse sooner, the moment it ends, before the controller has moved its record on.
-func (s *Store) judge(ctx context.Context, secret *corev1.Secret) (refusal, err error) {
-	expires, perr := time.Parse(time.RFC3339, secret.Annotations[expiresAnnotation])
-	if perr != nil || !s.now().Before(expires) {
-		return ErrExpired, nil
+// judgeAttempt tells why the current attempt of the key's TaskRun may not redeem it (nil: it
+// may): it did already, or it is a later attempt than the one that last redeemed it and
+// started more than a TTL ago (a key never redeemed keeps its stored TTL, which judge
+// checked).
+func (s *Store) judgeAttempt(tr *pipelinev1.TaskRun, secret *corev1.Secret) error {
+	redeemed, _ := redeemedAttempt(secret) // judge refused the key if unreadable
+	switch attempt := attemptOf(tr); {
+	case redeemed >= attempt:
+		return ErrUnknown
+	case redeemed == 0:
+		return nil
 	}
+	start, ok := attemptStart(tr)
+	if !ok || !s.now().Before(start.Add(s.ttl())) {
+		return ErrExpired
+	}
+	return nil
+}
+
+// judge tells why a kept key may no longer be redeemed (nil: it may), and for a key bound to
+// a task, the TaskRun it read. The clock and berth's own records decide whether a key is still
+// good; of the TaskRun, a tenant's object, its spec and metadata can only refuse (the moment it
+// ends, before the controller has moved its record on), and only its status, which Tekton
+// writes and tenants are not granted (Tekton's edit role has taskruns, not taskruns/status),
+// lets a key be redeemed again, once per attempt, at most spec.retries times more (see
+// Redeem). A key redeemed by an earlier attempt is not refused for its stored TTL: it waits
+// for the next attempt, whose window Redeem judges, or for its task's end.
+func (s *Store) judge(ctx context.Context, secret *corev1.Secret) (tr *pipelinev1.TaskRun, refusal, err error) {
 	name := secret.Labels[AllocationLabel]
+	redeemed, perr := redeemedAttempt(secret)
+	if perr != nil {
+		return nil, ErrUnknown, nil // changed by someone other than berth
+	}
+	if name == "" || redeemed == 0 {
+		expires, perr := time.Parse(time.RFC3339, secret.Annotations[expiresAnnotation])
+		if perr != nil || !s.now().Before(expires) {
+			return nil, ErrExpired, nil
+		}
+	}
 	if name == "" {
-		return nil, nil // stored through /store-key: its TTL is its only bound
+		return nil, nil, nil // stored through /store-key: its TTL is its only bound
 	}
 	var rec berthv1.Allocation
 	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: name}, &rec); {
 	case apierrors.IsNotFound(err):
-		return endedError{"its record is gone"}, nil
+		return nil, endedError{"its record is gone"}, nil
 	case err != nil:
-		return nil, fmt.Errorf("reading the record the one-time key was made for: %w", err)
+		return nil, nil, fmt.Errorf("reading the record the one-time key was made for: %w", err)
 	}
 	st := rec.Status
 	switch {
 	case string(rec.UID) != secret.Annotations[allocationUIDAnnotation]:
-		return endedError{"its record was replaced"}, nil
+		return nil, endedError{"its record was replaced"}, nil
 	case st.EndedAt != nil || st.Phase == berthv1.PhaseCleaning:
-		return endedError{"the task ended"}, nil
+		return nil, endedError{"the task ended"}, nil
 	case st.SecretTampered:
-		return endedError{"the task's secret was changed or deleted"}, nil
+		return nil, endedError{"the task's secret was changed or deleted"}, nil
 	case st.BuildUser != secret.Annotations[buildUserAnnotation]:
-		return endedError{"build user " + secret.Annotations[buildUserAnnotation] + " was replaced"}, nil
+		return nil, endedError{"build user " + secret.Annotations[buildUserAnnotation] + " was replaced"}, nil
 	// A record that holds a slot says Provisioning while its task runs (Ready only when
 	// adopted); either way it names the user the key logs in as.
 	case st.Phase != berthv1.PhaseReady && st.Phase != berthv1.PhaseProvisioning:
-		return endedError{"the task holds no build host"}, nil
+		return nil, endedError{"the task holds no build host"}, nil
 	}
 	ref := rec.Spec.TaskRun
-	var tr pipelinev1.TaskRun
-	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &tr); {
+	tr = &pipelinev1.TaskRun{}
+	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, tr); {
 	case apierrors.IsNotFound(err):
-		return endedError{"the TaskRun is gone"}, nil
+		return nil, endedError{"the TaskRun is gone"}, nil
 	case err != nil:
-		return nil, fmt.Errorf("reading TaskRun %s: %w", ref.Key(), err)
+		return nil, nil, fmt.Errorf("reading TaskRun %s: %w", ref.Key(), err)
 	case tr.UID != ref.UID:
-		return endedError{"the TaskRun is gone"}, nil
+		return nil, endedError{"the TaskRun is gone"}, nil
 	case tr.DeletionTimestamp != nil || tr.IsDone():
-		return endedError{"the TaskRun ended"}, nil
+		return nil, endedError{"the TaskRun ended"}, nil
 	}
-	return nil, nil
+	return tr, nil, nil
 }
 
 // withdraw deletes a key that may no longer be redeemed.

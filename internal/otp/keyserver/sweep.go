@@ -18,7 +18,9 @@ const SweepInterval = time.Minute
 // that has ended or moved on to another build user. It is what makes a crash harmless at any
 // point between keeping a key and handing its token over: a key whose token never reached a
 // task is deleted at the latest when its TTL passes, and one whose record has moved on at the
-// next sweep. It returns how many keys it deleted.
+// next sweep. A key redeemed by an attempt of a TaskRun that Tekton may still retry stays past
+// its TTL: it is kept for the next attempt, and goes when its task ends. It returns how many
+// keys it deleted.
 func (s *Store) Sweep(ctx context.Context) (int, error) {
 	var list corev1.SecretList
 	if err := s.Client.List(ctx, &list, client.InNamespace(s.Namespace), client.MatchingLabels{KeyLabel: "true"}); err != nil {
@@ -28,7 +30,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	swept := 0
 	for i := range list.Items {
 		secret := &list.Items[i]
-		refusal, err := s.judge(ctx, secret)
+		_, refusal, err := s.judge(ctx, secret)
 		if err != nil || refusal == nil {
 			errs = append(errs, err)
 			continue

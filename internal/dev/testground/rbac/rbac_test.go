@@ -188,6 +188,16 @@ func TestControllerHasExactlyItsPermissions(t *testing.T) {
 		}
 		return c.Update(ctx, s)
 	})
+	allowed(t, "update a Secret in its namespace (a one-time key kept for a retried task's next attempt)", func() error {
+		s := secret(namespace, "controller-update-check")
+		if err := cp.Client.Create(ctx, s); client.IgnoreAlreadyExists(err) != nil {
+			return err
+		}
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+			return err
+		}
+		return c.Update(ctx, s)
+	})
 	denied(t, "list ConfigMaps in a user namespace", func() error {
 		return c.List(ctx, &corev1.ConfigMapList{}, client.InNamespace(userNamespace))
 	})
