@@ -28,6 +28,7 @@ import (
 	"github.com/berth-ci/berth/internal/dev/testground/caasstandin"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/ec2fake"
+	"github.com/berth-ci/berth/internal/dev/testground/realtekton"
 	"github.com/berth-ci/berth/internal/dev/testground/spacestandin"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/dev/testground/tektonstandin"
@@ -78,6 +79,12 @@ type Options struct {
 	Progress func(Step)
 	// ControlPlane are further options of the control plane (a test's audit log, say).
 	ControlPlane []controlplane.Option
+	// RealTekton runs Tekton's own controller and webhook, with kube-scheduler and kwok
+	// playing the kubelet (realtekton), in place of the stand-in: no step runs, so HostStep,
+	// RunScripts and StepOutput go unused, and berth must work hosts itself (its ssh
+	// provisioner). Tekton binds fixed ports: the stack must run in realtekton's network
+	// namespace (realtekton.IsolateNetwork).
+	RealTekton bool
 }
 
 // Step is one component of the stack come up.
@@ -91,12 +98,13 @@ type Step struct {
 // Stack is a running local stack.
 type Stack struct {
 	ControlPlane *controlplane.ControlPlane
-	Fleet        *sshhosts.Fleet // nil without hosts
-	VMCloud      *vmcloud.Cloud  // nil unless Options.VMCloud
-	EC2          *ec2fake.Server // the EC2 API stand-in over VMCloud; nil unless Options.VMCloud
-	StandIn      *tektonstandin.StandIn
-	Spaces       *spacestandin.StandIn // nil unless Options.ClusterServices
-	CaaS         *caasstandin.StandIn  // nil unless Options.ClusterServices
+	Fleet        *sshhosts.Fleet        // nil without hosts
+	VMCloud      *vmcloud.Cloud         // nil unless Options.VMCloud
+	EC2          *ec2fake.Server        // the EC2 API stand-in over VMCloud; nil unless Options.VMCloud
+	StandIn      *tektonstandin.StandIn // nil with Options.RealTekton
+	Tekton       *realtekton.Tekton     // nil unless Options.RealTekton
+	Spaces       *spacestandin.StandIn  // nil unless Options.ClusterServices
+	CaaS         *caasstandin.StandIn   // nil unless Options.ClusterServices
 
 	KubeConfigPath string
 	AdminKeyPath   string
@@ -130,6 +138,7 @@ const (
 	SpaceStandInComponent    = "space stand-in"
 	CaaSStandInComponent     = "CaaS stand-in"
 	TektonComponent          = "tekton stand-in"
+	RealTektonComponent      = "tekton"
 	ControllerComponent      = "berth controller"
 )
 
@@ -221,6 +230,10 @@ func Up(ctx context.Context, opts Options) (s *Stack, err error) {
 		}
 	}
 
+	if opts.RealTekton {
+		err = step(RealTektonComponent, func() (string, error) { return s.startRealTekton(ctx) })
+		return s, err
+	}
 	err = step(TektonComponent, func() (string, error) { return s.startTekton(ctx, opts, stateDir) })
 	return s, err
 }
@@ -245,6 +258,13 @@ func (s *Stack) startControlPlane(opts Options, stateDir string) (string, error)
 	}
 	if opts.LogDir != "" {
 		cpOpts = append(cpOpts, controlplane.WithLogDir(opts.LogDir))
+	}
+	if opts.RealTekton {
+		tekton, err := realtekton.ControlPlaneOptions()
+		if err != nil {
+			return "", err
+		}
+		cpOpts = append(cpOpts, tekton...)
 	}
 	cpOpts = append(cpOpts, opts.ControlPlane...)
 	var err error
@@ -329,6 +349,21 @@ func (s *Stack) startTekton(ctx context.Context, opts Options, stateDir string) 
 		scripts = "step scripts are not run (needs root); end TaskRuns yourself"
 	}
 	return "resolving TaskRuns and creating their pods; " + scripts, nil
+}
+
+// startRealTekton starts Tekton's controller and webhook, kube-scheduler and kwok, and has the
+// supervisor watch each.
+func (s *Stack) startRealTekton(ctx context.Context) (string, error) {
+	var err error
+	if s.Tekton, err = realtekton.Start(ctx, s.ControlPlane); err != nil {
+		return "", err
+	}
+	var names []string
+	for _, p := range s.Tekton.Processes() {
+		s.Supervisor.Watch(Component{Name: p.Name, Done: p.Done(), Exit: p.Err, Log: p.LogPath})
+		names = append(names, p.Name)
+	}
+	return strings.Join(names, ", ") + " (Tekton " + s.Tekton.Version() + "); kwok plays node " + realtekton.NodeName + ", no step runs", nil
 }
 
 // publishHostAccess writes the admin key and known_hosts for a person at a shell, and puts the
@@ -530,6 +565,9 @@ func (s *Stack) Down() error {
 		}
 	}
 	errs = append(errs, s.StopController())
+	if s.Tekton != nil {
+		errs = append(errs, s.Tekton.Stop())
+	}
 	if s.stopStandIn != nil {
 		s.stopStandIn()
 		<-s.standInDone

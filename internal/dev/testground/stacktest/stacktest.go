@@ -272,8 +272,15 @@ func FinishAllOnFailure(t *testing.T, s *devstack.Stack, ns string) {
 		return
 	}
 	for i := range list.Items {
-		if tr := &list.Items[i]; !tr.IsDone() {
+		tr := &list.Items[i]
+		switch {
+		case tr.IsDone():
+		case s.StandIn != nil:
 			_ = s.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(tr), nil)
+		default: // real Tekton ends it when asked to cancel it
+			patch := client.MergeFrom(tr.DeepCopy())
+			tr.Spec.Status = pipelinev1.TaskRunSpecStatusCancelled
+			_ = s.ControlPlane.Client.Patch(context.Background(), tr, patch)
 		}
 	}
 }
