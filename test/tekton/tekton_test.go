@@ -116,6 +116,9 @@ func TestRetriedAttemptLogsInAgain(t *testing.T) {
 			if user := logIn(t, secondData); user != rec.Status.BuildUser {
 				t.Fatalf("attempt 2 logged in as %s, want the task's build user %s", user, rec.Status.BuildUser)
 			}
+			stacktest.Eventually(t, "berth counts the second attempt", func() (bool, error) {
+				return stacktest.Record(t, c(), tr).Status.TaskRunAttempt == 2, nil
+			})
 			if tc.otp {
 				// Once per attempt: the token is spent again.
 				if status, body := tryRedeem(t, secondData, secondData["otp"]); status != http.StatusNotFound {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
@@ -188,6 +189,14 @@ func stripTaskRun(obj any) (any, error) {
 	kept.Spec.PodTemplate = requiredNodeAffinity(tr)
 	s := &kept.Status
 	s.StartTime, s.CompletionTime, s.PodName = tr.Status.StartTime, tr.Status.CompletionTime, tr.Status.PodName
+	if n := len(tr.Status.RetriesStatus); n > 0 {
+		// Of Tekton's retries, how many there were, and when the task first started: the
+		// attempts themselves (as many as a tenant's spec.retries allows) are not kept.
+		s.Annotations = map[string]string{cachedAttemptKey: strconv.Itoa(n + 1)}
+		if first := tr.Status.RetriesStatus[0].StartTime; first != nil {
+			s.StartTime = first
+		}
+	}
 	if c := tr.Status.GetCondition(apis.ConditionSucceeded); c != nil {
 		s.SetCondition(&apis.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason, LastTransitionTime: c.LastTransitionTime})
 	}
@@ -201,6 +210,20 @@ func stripTaskRun(obj any) (any, error) {
 		}
 	}
 	return kept, nil
+}
+
+// cachedAttemptKey holds, in a cached TaskRun's status annotations, the attempt it is in when
+// Tekton has retried it (see attemptOf). Nothing else of its status annotations is kept, so the
+// value there is always stripTaskRun's.
+const cachedAttemptKey = "berth.dev/attempt"
+
+// attemptOf is the attempt a cached TaskRun is in: 1, or after Tekton's retries 1 + how many
+// attempts failed (stripTaskRun keeps the count, not the attempts).
+func attemptOf(tr *pipelinev1.TaskRun) int {
+	if n, err := strconv.Atoi(tr.Status.Annotations[cachedAttemptKey]); err == nil && n > 1 {
+		return n
+	}
+	return 1
 }
 
 // requiredNodeAffinity is the TaskRun's pod template cut down to its required node affinity.

@@ -33,6 +33,10 @@ var (
 		Name: "berth_error_secrets_total",
 		Help: "User tasks answered with an error secret, by reason.",
 	}, []string{"reason"})
+	taskRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_task_retries_total",
+		Help: "Attempts after the first of user TaskRuns that Tekton retried in place (each keeps the task's host and build user).",
+	}, []string{"platform"})
 	localAffinityMissing = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_local_affinity_missing_total",
 		Help: "Tasks on a local platform answered with an error because their pod template did not pin them to nodes of the platform's architecture (the admission webhook was not running when they were created, or the requirement was changed).",
@@ -40,5 +44,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(waitSeconds, allocationSeconds, taskSeconds, mirrorReverts, cleanFailures, errorSecrets, localAffinityMissing)
+	metrics.Registry.MustRegister(waitSeconds, allocationSeconds, taskSeconds, mirrorReverts, cleanFailures, errorSecrets, taskRetries, localAffinityMissing)
 }

@@ -68,6 +68,12 @@ type guardPhase struct {
 	recorder  events.EventRecorder
 }
 
+// retryPhase follows Tekton's retries of a task: the attempt goes on its record, and its owner hears what the attempt keeps.
+type retryPhase struct {
+	records  *recordStore
+	recorder events.EventRecorder
+}
+
 // answers answers a task with an error once it cannot be served, and pays what its record still owes.
 type answers struct {
 	secrets *taskSecrets

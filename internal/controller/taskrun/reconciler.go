@@ -79,6 +79,7 @@ type Reconciler struct {
 	reserving    *reservePhase
 	provisioning *provisionPhase
 	guarding     *guardPhase
+	retrying     *retryPhase
 	answers      *answers
 	finishing    *finishPhase
 	now          func() time.Time

@@ -27,6 +27,10 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		}
 		return r.admitting.admit(ctx, tr)
 	}
+	rec, err := r.retrying.follow(ctx, tr, rec)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	var results outcomes
 	sets := r.mirror.setCount(tr.UID)
 	switch rec.Status.Phase {
