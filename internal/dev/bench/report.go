@@ -55,6 +55,9 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("tasks that waited", func(r *Result) float64 { return float64(r.TasksWaited) }, "%.0f")
 	row("API writes outside tasks", func(r *Result) float64 { return float64(r.WritesOutsideTasks) }, "%.0f")
 	row("Events written", func(r *Result) float64 { return float64(r.EventsWritten) }, "%.0f")
+	if slices.ContainsFunc(results, func(r *Result) bool { return r.Tekton != "" }) {
+		row("Tekton's own writes (real Tekton)", func(r *Result) float64 { return float64(r.TektonWrites) }, "%.0f")
+	}
 	row("apiserver time per write p50 ms", func(r *Result) float64 { return r.ServerWriteTime.P50 }, "%.1f")
 	row("apiserver time per write p99 ms", func(r *Result) float64 { return r.ServerWriteTime.P99 }, "%.1f")
 	row("controller peak RSS MiB", func(r *Result) float64 { return r.PeakRSSMiB }, "%.1f")

@@ -56,6 +56,11 @@ type Result struct {
 	// hand-over waits for at least one write, so on a loaded machine its p50 and p99 are a
 	// floor under slotFreedToNextAllocationMs that no controller can go below.
 	ServerWriteTime Percentiles `json:"apiServerWriteMs"`
+	// Tekton is what ran the user TaskRuns: "" for the simulation, "real <version>" for
+	// Tekton's own controller (Options.RealTekton), whose writes of the measured part
+	// TektonWrites counts, apart from the controller's.
+	Tekton       string `json:"tekton,omitempty"`
+	TektonWrites int    `json:"tektonWrites,omitempty"`
 	// Provisioner is how the controller reached the hosts: ssh (from its own process) or
 	// taskrun (provision TaskRuns the simulation completed).
 	Provisioner string `json:"provisioner"`

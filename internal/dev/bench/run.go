@@ -25,6 +25,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/realtekton"
 	"github.com/berth-ci/berth/internal/dev/testground/sshfake"
 	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 )
@@ -42,7 +43,10 @@ const (
 	// admin), by which the audit log tells its writes from the harness's and the
 	// simulation's.
 	controllerUser = "bench-controller"
-	warmUpTask     = "warm-up"
+	// tektonUser is real Tekton's identity (Options.RealTekton), whose writes are counted
+	// apart.
+	tektonUser = "bench-tekton"
+	warmUpTask = "warm-up"
 )
 
 // Options say how to run a controller on a scenario.
@@ -55,6 +59,11 @@ type Options struct {
 	Pprof *Pprof
 	// Log receives progress lines.
 	Log io.Writer
+	// RealTekton runs the scenario with Tekton's own controller and webhook in the loop
+	// (realtekton: kube-scheduler places their pods, kwok plays the kubelet and ends each
+	// task's pod after its run), in place of the simulation of user TaskRuns. Static
+	// scenarios only; it must run in realtekton's network namespace (IsolateNetwork).
+	RealTekton bool
 }
 
 // Run measures one controller on one scenario, on a control plane of its own. An error means
@@ -114,6 +123,7 @@ type run struct {
 	answers hostAnswers
 	cloud   *vmcloud.Cloud
 	sim     *Tekton
+	tekton  *realtekton.Tekton // with Options.RealTekton
 	chk     *hostChecker
 	ctrl    *controllerProcess
 
@@ -124,12 +134,31 @@ type run struct {
 }
 
 func (r *run) run(ctx context.Context) (*Result, error) {
+	if r.o.RealTekton && r.sc.vms() {
+		return nil, fmt.Errorf("scenario %s runs on VMs; real Tekton is benched on the static scenarios only", r.sc.Name)
+	}
+	cpOpts := []controlplane.Option{controlplane.WithLogDir(r.dir), controlplane.WithAuditLog(r.auditPath, controllerUser)}
+	if r.o.RealTekton {
+		tekton, err := realtekton.ControlPlaneOptions()
+		if err != nil {
+			return nil, err
+		}
+		cpOpts = append(append(tekton, controlplane.WithLogDir(r.dir)), controlplane.WithAuditLog(r.auditPath, controllerUser, tektonUser))
+	}
 	var err error
-	r.cp, err = controlplane.Start(controlplane.WithLogDir(r.dir), controlplane.WithAuditLog(r.auditPath, controllerUser))
+	r.cp, err = controlplane.Start(cpOpts...)
 	if err != nil {
 		return nil, err
 	}
 	defer r.cp.Stop()
+	if r.o.RealTekton {
+		if r.tekton, err = realtekton.Start(ctx, r.cp, realtekton.AsUser(tektonUser)); err != nil {
+			return nil, err
+		}
+		// Stopped before the control plane, after the controller.
+		defer r.tekton.Stop()
+		fmt.Fprintf(r.o.Log, "  Tekton %s runs the user TaskRuns; kwok plays their pods\n", r.tekton.Version())
+	}
 	// The harness must never be what throttles the run: no client-side rate limit for it.
 	r.cfg = rest.CopyConfig(r.cp.Config)
 	r.cfg.QPS, r.cfg.Burst = -1, 0
@@ -157,6 +186,13 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	if err := r.setUp(ctx, hosts, cloudKey); err != nil {
 		return nil, err
 	}
+	if r.tekton != nil {
+		// Tekton runs a TaskRun as its namespace's default ServiceAccount, and fails it at once
+		// if there is none yet.
+		if err := r.tekton.EnsureNamespace(ctx, userNamespace); err != nil {
+			return nil, err
+		}
+	}
 	kubeconfig, err := r.cp.KubeConfigAs(controllerUser, "system:masters")
 	if err != nil {
 		return nil, err
@@ -174,6 +210,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		OnError:    r.at(r.errorAt),
 		OnDone:     r.at(r.doneAt),
 		OnInternal: func(name, task string) { r.mu.Lock(); r.owners.add(name, task); r.mu.Unlock() },
+		Real:       r.tekton != nil,
 	}
 	go func() { _ = r.sim.Run(simCtx, r.cfg) }()
 	r.chk, err = watchHosts(simCtx, r.cfg, r.c, r.sc.Concurrency, r.waiting)
@@ -233,7 +270,7 @@ func (r *run) finished() int {
 // that runs out of time sets res.Incomplete.
 func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, err error) {
 	// Warm-up: one task served means the controller has synced its caches and read its config.
-	warm := userTask(warmUpTask)
+	warm := r.userTask(warmUpTask)
 	if err := r.createTask(ctx, warm, false); err != nil {
 		return from, start, err
 	}
@@ -264,7 +301,7 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 	}()
 	start = time.Now()
 	err = parallel(r.sc.Tasks, 8, func(i int) error {
-		return r.createTask(ctx, userTask(fmt.Sprintf("task-%05d", i)), true)
+		return r.createTask(ctx, r.userTask(fmt.Sprintf("task-%05d", i)), true)
 	})
 	if err != nil {
 		return from, start, err
@@ -428,9 +465,17 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 		return nil
 	}
 	tally := newWriteTally(r.owners, from, waited)
+	if r.tekton != nil {
+		res.Tekton = "real " + r.tekton.Version()
+	}
 	if err := controlplane.ReadAuditLog(r.auditPath, func(ev *auditv1.Event) {
-		if ev.User.Username == controllerUser {
+		switch ev.User.Username {
+		case controllerUser:
 			tally.add(ev)
+		case tektonUser:
+			if !ev.RequestReceivedTimestamp.Time.Before(from) {
+				res.TektonWrites++
+			}
 		}
 	}); err != nil {
 		return fmt.Errorf("reading the controller's writes from the audit log: %w", err)
@@ -524,6 +569,16 @@ func hostConfig(hosts *sshfake.Fleet, concurrency int) map[string]string {
 }
 
 // userTask is a user TaskRun as buildah-remote makes it.
+// userTask is a user TaskRun of the run: with real Tekton, its pod's run drawn now, which
+// kwok waits out once its secret is there (the simulation draws it when the secret appears).
+func (r *run) userTask(name string) *pipelinev1.TaskRun {
+	tr := userTask(name)
+	if r.tekton != nil {
+		tr.Annotations = map[string]string{realtekton.RunForAnnotation: r.sim.Duration().String()}
+	}
+	return tr
+}
+
 func userTask(name string) *pipelinev1.TaskRun {
 	return &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: userNamespace},

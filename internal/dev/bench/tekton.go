@@ -48,6 +48,10 @@ type Tekton struct {
 	// OnInternal is told the name of each internal TaskRun that names its user task (label
 	// user-task-name), and that task's name.
 	OnInternal func(name, task string)
+	// Real leaves the user TaskRuns to the real Tekton (realtekton) that runs beside it: the
+	// simulation only watches them get their secret and end, and plays the internal TaskRuns
+	// alone, whose steps do host work no pod of kwok's does.
+	Real bool
 
 	writes     atomic.Int64
 	provisions atomic.Int64
@@ -116,10 +120,16 @@ func (t *Tekton) onTaskRun(ctx context.Context, tr *pipelinev1.TaskRun) {
 		t.OnInternal(tr.Name, task)
 	}
 	if tr.IsDone() {
+		if t.Real && tr.Labels[contract.TaskTypeLabel] == "" && tr.Namespace == t.Namespace && t.OnDone != nil && t.once("done/"+string(tr.UID)) {
+			t.OnDone(tr.Name, time.Now())
+		}
 		return
 	}
 	switch tr.Labels[contract.TaskTypeLabel] {
 	case "":
+		if t.Real {
+			return
+		}
 		if tr.Status.TaskSpec == nil && tr.Namespace == t.Namespace && t.once("resolve/"+string(tr.UID)) {
 			go t.resolve(ctx, tr.DeepCopy())
 		}
@@ -191,6 +201,9 @@ func (t *Tekton) onSecret(ctx context.Context, s *corev1.Secret) {
 			t.OnError(name, time.Now())
 		}
 		run, outcome = 0, failed
+	}
+	if t.Real {
+		return // Tekton runs the task; kwok ends its pod after the run drawn at its creation
 	}
 	go func() {
 		select {

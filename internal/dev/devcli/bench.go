@@ -15,12 +15,13 @@ import (
 
 	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/dev/bench"
+	"github.com/berth-ci/berth/internal/dev/testground/realtekton"
 )
 
 func newBenchCommand() *cobra.Command {
 	var (
 		scenario, controllerCmd, baseline, provisioner string
-		logDir, plotPath, pprofDir                     string
+		logDir, plotPath, pprofDir, tekton             string
 		scale                                          float64
 		sweep                                          []float64
 		asJSON, floor                                  bool
@@ -130,9 +131,30 @@ only the assigned-host label, the secret and the label's removal, serves in crea
 and keeps each host's concurrency. Its throughput and utilisation are about what this
 machine allows; the controller's ratios to them are its own cost.
 
+--tekton real runs a static scenario with Tekton's own controller and webhook in the loop
+(built by make testbin, as in test/tekton), kube-scheduler placing their pods and kwok
+playing the kubelet: Tekton resolves each user TaskRun and makes its pod, which starts once
+its secret exists and ends after its run (1-3 s, drawn at creation). The simulation still
+plays the internal TaskRuns (their steps do host work no kwok pod does). Tekton's own writes
+of the measured part are counted apart. It takes root: the run goes into a network namespace
+of its own, where Tekton's fixed ports are free.
+
 The command fails when any run was incomplete, after printing every result.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch tekton {
+			case "simulated":
+			case "real":
+				if os.Geteuid() != 0 {
+					return errors.New("--tekton real takes root: the run goes into a network namespace of its own, where Tekton's fixed ports are free")
+				}
+				// The whole command runs again there; this run only waits for it.
+				if code, done := realtekton.IsolateNetwork(); done {
+					os.Exit(code)
+				}
+			default:
+				return fmt.Errorf("--tekton is simulated or real, not %q", tekton)
+			}
 			ownController := controllerCmd == ""
 			if pprofDir != "" && !ownController {
 				return errors.New("--pprof profiles berth-dev's own controller: leave out --controller")
@@ -185,7 +207,7 @@ The command fails when any run was incomplete, after printing every result.`,
 			for _, sc := range scenarios {
 				for _, run := range runs {
 					name := fmt.Sprintf("%s-%g-%s", sc.Name, sc.Scale, run.label)
-					o := bench.Options{Controller: run.command, LogDir: filepath.Join(logDir, name), Log: cmd.ErrOrStderr()}
+					o := bench.Options{Controller: run.command, LogDir: filepath.Join(logDir, name), Log: cmd.ErrOrStderr(), RealTekton: tekton == "real"}
 					if pprofDir != "" && run.label == "controller" {
 						addr, err := bench.FreeLoopbackAddress()
 						if err != nil {
@@ -247,6 +269,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
 	f.StringVar(&provisioner, "provisioner", "ssh", "how this berth's controller reaches the hosts: ssh or taskrun (ignored with --controller)")
 	f.StringVar(&logDir, "log-dir", "", "keep each run's logs in a directory of its own under this one (default: a new temporary directory, printed at the start)")
+	f.StringVar(&tekton, "tekton", "simulated", "what runs the user TaskRuns: simulated (the contract's simulation) or real (Tekton's own controller, with kwok pods; static scenarios, root)")
 	f.StringVar(&plotPath, "plot", "", "draw each run's latency distribution and tasks served over time into this SVG or PNG file")
 	f.StringVar(&pprofDir, "pprof", "", "save berth-dev's controller's CPU profile of the measured part and heap at the end of each run in a directory of its own under this one")
 	return cmd

@@ -98,11 +98,24 @@ func ControlPlaneOptions() ([]controlplane.Option, error) {
 	}, nil
 }
 
+// StartOption is an option of Start.
+type StartOption func(*startOptions)
+
+type startOptions struct{ user string }
+
+// AsUser runs Tekton's controller and webhook as a cluster admin of that name, so that the
+// apiserver's audit log tells their writes from everyone else's (the bench counts them apart).
+func AsUser(name string) StartOption { return func(o *startOptions) { o.user = name } }
+
 // Start configures Tekton in cp (started with ControlPlaneOptions) and starts it, with
 // kube-scheduler, kwok and one kwok node (NodeName), and returns once Tekton's webhook defaults
 // and validates what is created. Call Stop before stopping cp. It runs only in the network
 // namespace of IsolateNetwork.
-func Start(ctx context.Context, cp *controlplane.ControlPlane) (_ *Tekton, err error) {
+func Start(ctx context.Context, cp *controlplane.ControlPlane, opts ...StartOption) (_ *Tekton, err error) {
+	var o startOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if os.Getenv(netnsEnv) != "1" {
 		return nil, errors.New("real Tekton binds fixed ports and so runs only in the network namespace IsolateNetwork makes (see RunTests)")
 	}
@@ -140,6 +153,17 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane) (_ *Tekton, err e
 	if err := os.WriteFile(kubeconfig, cp.KubeConfig, 0o600); err != nil {
 		return nil, err
 	}
+	tektonKubeconfig := kubeconfig
+	if o.user != "" {
+		own, err := cp.KubeConfigAs(o.user, "system:masters")
+		if err != nil {
+			return nil, err
+		}
+		tektonKubeconfig = filepath.Join(dir, "tekton.kubeconfig")
+		if err := os.WriteFile(tektonKubeconfig, own, 0o600); err != nil {
+			return nil, err
+		}
+	}
 	kwokConfig := filepath.Join(dir, "kwok.yaml")
 	if err := os.WriteFile(kwokConfig, []byte(kwokConfiguration), 0o600); err != nil {
 		return nil, err
@@ -154,14 +178,14 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane) (_ *Tekton, err e
 		args []string
 		env  []string
 	}{
-		{"tekton-webhook", []string{"-kubeconfig=" + kubeconfig}, tektonEnv("webhook", 8081, 8009, 9091,
+		{"tekton-webhook", []string{"-kubeconfig=" + tektonKubeconfig}, tektonEnv("webhook", 8081, 8009, 9091,
 			"WEBHOOK_PORT=443",
 			"WEBHOOK_SERVICE_NAME="+webhookService,
 			"WEBHOOK_SECRET_NAME=webhook-certs",
 			"WEBHOOK_ADMISSION_CONTROLLER_NAME=webhook.pipeline.tekton.dev",
 			"CONFIG_LEADERELECTION_NAME=config-leader-election-webhook",
 		)},
-		{"tekton-controller", append([]string{"-kubeconfig=" + kubeconfig}, imageFlags()...), tektonEnv("controller", 8080, 8008, 9090,
+		{"tekton-controller", append([]string{"-kubeconfig=" + tektonKubeconfig}, imageFlags()...), tektonEnv("controller", 8080, 8008, 9090,
 			"CONFIG_DEFAULTS_NAME=config-defaults",
 			"CONFIG_LEADERELECTION_NAME=config-leader-election-controller",
 			"CONFIG_SPIRE=config-spire",
