@@ -218,9 +218,11 @@ func TestPodWaitsUntilBerthWritesItsSecret(t *testing.T) {
 		err := c().Get(context.Background(), client.ObjectKey{Namespace: ns, Name: waiting.Status.PodName}, &pod)
 		return pod.Spec.NodeName != "", client.IgnoreNotFound(err)
 	})
-	// No wait proves a pod never starts: a pod scheduled after it that mounts an existing
-	// secret does start, so the gate and kwok have had their turn at this one.
-	barrier(t, ns)
+	// No wait proves a pod never starts: a pod made after it that mounts an existing secret
+	// does start, so the gate and kwok have had their turn at this one.
+	if err := stack.Tekton.Barrier(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
 	if err := c().Get(context.Background(), client.ObjectKeyFromObject(&pod), &pod); err != nil {
 		t.Fatal(err)
 	}
@@ -250,26 +252,4 @@ func taskRun(ns, name, platform string, annotations map[string]string) *pipeline
 			Params:  pipelinev1.Params{{Name: contract.PlatformParam, Value: *pipelinev1.NewStructuredValues(platform)}},
 		},
 	}
-}
-
-// barrier starts a pod that mounts an existing Secret and waits until it runs: every pod the
-// gate and kwok were given before it, they have handled.
-func barrier(t *testing.T, ns string) {
-	t.Helper()
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{GenerateName: "barrier-", Namespace: ns}}
-	create(t, secret)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "barrier-", Namespace: ns},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{Name: "main", Image: stepImage}},
-			Volumes: []corev1.Volume{{Name: "secret", VolumeSource: corev1.VolumeSource{
-				Secret: &corev1.SecretVolumeSource{SecretName: secret.Name},
-			}}},
-		},
-	}
-	create(t, pod)
-	stacktest.Eventually(t, "the barrier pod runs", func() (bool, error) {
-		err := c().Get(context.Background(), client.ObjectKeyFromObject(pod), pod)
-		return pod.Status.Phase == corev1.PodRunning, err
-	})
 }

@@ -2,8 +2,8 @@ package keyserver_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,35 +72,7 @@ func TestConcurrentRedeemersGetTheKeyOncePerAttempt(t *testing.T) {
 		if attempt > 1 {
 			startAttempt(t, k, attempt, time.Now())
 		}
-		type answer struct {
-			status int
-			body   string
-			err    error
-		}
-		answers := make([]answer, redeemers)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i := range redeemers {
-			wg.Go(func() {
-				<-start
-				answers[i].status, answers[i].body, answers[i].err = s.try(http.MethodPost, "/otp", tok.String())
-			})
-		}
-		close(start)
-		wg.Wait()
-		var got, refused int
-		for i, a := range answers {
-			switch {
-			case a.err != nil:
-				t.Errorf("attempt %d, redeemer %d: %v", attempt, i, a.err)
-			case a.status == http.StatusOK && a.body == string(key):
-				got++
-			case a.status == http.StatusNotFound && a.body == keyserver.ErrUnknown.Error():
-				refused++
-			default:
-				t.Errorf("attempt %d, redeemer %d: %d %q", attempt, i, a.status, a.body)
-			}
-		}
+		got, refused := race(t, s, tok.String(), key, redeemers, fmt.Sprintf("attempt %d, ", attempt))
 		if got != 1 || refused != redeemers-1 {
 			t.Fatalf("attempt %d: %d redeemers got the key and %d were refused; want 1 and %d", attempt, got, refused, redeemers-1)
 		}

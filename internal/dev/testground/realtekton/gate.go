@@ -5,23 +5,27 @@ package realtekton
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // The gate is the kubelet's part kwok cannot play: a pod whose non-optional Secret volume does
@@ -224,4 +228,34 @@ func (t *Tekton) EndSteps(ctx context.Context, namespace, pod string) error {
 	}
 	_, err = t.gate.client.CoreV1().Pods(namespace).Patch(ctx, pod, types.MergePatchType, patch, metav1.PatchOptions{})
 	return err
+}
+
+// Barrier starts a pod that mounts a Secret that exists and waits until it runs: every pod the
+// gate and kwok were given before it, they have handled. No wait proves a pod never starts;
+// a pod behind it that started shows this one had its turn. The two are deleted after.
+func (t *Tekton) Barrier(ctx context.Context, namespace string) error {
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{GenerateName: "barrier-", Namespace: namespace}}
+	if err := t.client.Create(ctx, secret); err != nil {
+		return err
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "barrier-", Namespace: namespace},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "main", Image: imagePrefix + "barrier"}},
+			Volumes: []corev1.Volume{{Name: "secret", VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: secret.Name},
+			}}},
+		},
+	}
+	if err := t.client.Create(ctx, pod); err != nil {
+		return err
+	}
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, nodeWait, true, func(ctx context.Context) (bool, error) {
+		err := t.client.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+		return pod.Status.Phase == corev1.PodRunning, err
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the barrier pod %s to run: %w", pod.Name, err)
+	}
+	return errors.Join(client.IgnoreNotFound(t.client.Delete(ctx, pod)), client.IgnoreNotFound(t.client.Delete(ctx, secret)))
 }

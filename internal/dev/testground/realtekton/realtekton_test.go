@@ -241,84 +241,10 @@ func waitDone(t *testing.T, ctx context.Context, c client.Client, tr *pipelinev1
 	return cond
 }
 
-// barrier starts a pod that mounts an existing Secret and waits until it runs: everything the
-// gate and kwok were given before it, they have handled.
-func barrier(t *testing.T, ctx context.Context, c client.Client, ns string) {
+// barrier waits until the gate and kwok have handled every pod made before it (Barrier).
+func barrier(t *testing.T, ctx context.Context, _ client.Client, ns string) {
 	t.Helper()
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{GenerateName: "barrier-", Namespace: ns}}
-	create(t, ctx, c, secret)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "barrier-", Namespace: ns},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{Name: "main", Image: stepImage}},
-			Volumes: []corev1.Volume{{Name: "secret", VolumeSource: corev1.VolumeSource{
-				Secret: &corev1.SecretVolumeSource{SecretName: secret.Name},
-			}}},
-		},
-	}
-	create(t, ctx, c, pod)
-	waitFor(t, ctx, "the barrier pod to run", func() (bool, error) {
-		err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod)
-		return pod.Status.Phase == corev1.PodRunning, err
-	})
-}
-
-// A TaskRun with retries whose first attempt fails: Tekton runs it again in place (its status
-// moves to retriesStatus, a new pod of its own name), and the second attempt, held until the
-// test ends it, succeeds.
-func TestFirstAttemptFailsThenTheRetryIsHeldAndSucceeds(t *testing.T) {
-	ctx, c, ns := setup(t, "retry")
-	tr := &pipelinev1.TaskRun{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "retried-", Namespace: ns, Annotations: map[string]string{
-			FailStepAnnotation: "build", FailAttemptsAnnotation: "1", HoldAnnotation: "true",
-		}},
-		Spec: pipelinev1.TaskRunSpec{Retries: 2, TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{
-			{Name: "build", Image: stepImage, Script: "make"},
-		}}},
-	}
-	create(t, ctx, c, tr)
-	first := runningPod(t, ctx, c, tr)
-	if err := tekton.EndSteps(ctx, ns, first); err != nil {
+	if err := tekton.Barrier(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	var second string
-	waitFor(t, ctx, "the second attempt's pod", func() (bool, error) {
-		err := c.Get(ctx, client.ObjectKeyFromObject(tr), tr)
-		second = tr.Status.PodName
-		return len(tr.Status.RetriesStatus) == 1 && second != "" && second != first, err
-	})
-	if got := tr.Status.RetriesStatus[0].GetCondition(apis.ConditionSucceeded); got == nil || got.Status != corev1.ConditionFalse {
-		t.Fatalf("the first attempt's status %+v, want it Failed", got)
-	}
-	if second = runningPod(t, ctx, c, tr); second != first+"-retry1" {
-		t.Fatalf("the second attempt's pod is %s, want %s-retry1 (Tekton's name for it)", second, first)
-	}
-	// Held: the second attempt runs on until the test ends it.
-	barrier(t, ctx, c, ns)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(tr), tr); err != nil {
-		t.Fatal(err)
-	}
-	if tr.IsDone() {
-		t.Fatalf("a held attempt ended by itself: %+v", tr.Status.GetCondition(apis.ConditionSucceeded))
-	}
-	if err := tekton.EndSteps(ctx, ns, second); err != nil {
-		t.Fatal(err)
-	}
-	if cond := waitDone(t, ctx, c, tr); cond.Status != corev1.ConditionTrue || len(tr.Status.RetriesStatus) != 1 {
-		t.Fatalf("TaskRun ended %s (%s: %s) after %d retries, want it Succeeded after 1", cond.Status, cond.Reason, cond.Message, len(tr.Status.RetriesStatus))
-	}
-}
-
-// runningPod waits until the TaskRun's current pod runs its steps and returns its name.
-func runningPod(t *testing.T, ctx context.Context, c client.Client, tr *pipelinev1.TaskRun) string {
-	t.Helper()
-	pod := &corev1.Pod{}
-	waitFor(t, ctx, "the steps of "+tr.Name+" to run", func() (bool, error) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(tr), tr); err != nil || tr.Status.PodName == "" {
-			return false, err
-		}
-		err := c.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: tr.Status.PodName}, pod)
-		return pod.Status.Phase == corev1.PodRunning && pod.Annotations["tekton.dev/ready"] == "READY", client.IgnoreNotFound(err)
-	})
-	return pod.Name
 }
