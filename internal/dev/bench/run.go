@@ -59,6 +59,11 @@ type Options struct {
 	Pprof *Pprof
 	// Log receives progress lines.
 	Log io.Writer
+	// Install are YAML files whose objects are created before the controller starts, the
+	// namespaced ones in the controller's namespace: what a controller needs installed beside
+	// it, such as the Tasks of the internal TaskRuns it makes (real Tekton runs only TaskRuns
+	// whose Task it finds).
+	Install []string
 	// RealTekton runs the scenario with Tekton's own controller and webhook in the loop
 	// (realtekton: kube-scheduler places their pods, kwok plays the kubelet and ends each
 	// task's pod after its run), in place of the simulation of user TaskRuns. Static
@@ -525,6 +530,22 @@ func (r *run) setUp(ctx context.Context, hosts *sshfake.Fleet, cloudKey string) 
 		addVMPlatform(data, r.sc, r.cloud.URL())
 		objects = append(objects, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: cloudSecret, Namespace: controllerNamespace},
 			Data: map[string][]byte{"api-key": []byte(cloudKey)}})
+	}
+	for _, f := range r.o.Install {
+		objs, err := controlplane.ReadObjects(f)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			namespaced, err := r.c.IsObjectNamespaced(obj)
+			if err != nil {
+				return fmt.Errorf("%s: %s %s: %w", f, obj.GetKind(), obj.GetName(), err)
+			}
+			if namespaced {
+				obj.SetNamespace(controllerNamespace)
+			}
+			objects = append(objects, obj)
+		}
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "host-config", Namespace: controllerNamespace,
 		Labels: map[string]string{contract.ConfigLabel: "hosts"}}, Data: data}

@@ -24,6 +24,7 @@ func newBenchCommand() *cobra.Command {
 		logDir, plotPath, pprofDir, tekton             string
 		scale                                          float64
 		sweep                                          []float64
+		install                                        []string
 		asJSON, floor                                  bool
 		chaos                                          int
 	)
@@ -137,7 +138,9 @@ playing the kubelet: Tekton resolves each user TaskRun and makes its pod, which 
 its secret exists and ends after its run (1-3 s, drawn at creation). The simulation still
 plays the internal TaskRuns (their steps do host work no kwok pod does). Tekton's own writes
 of the measured part are counted apart. It takes root: the run goes into a network namespace
-of its own, where Tekton's fixed ports are free.
+of its own, where Tekton's fixed ports are free. A controller that provisions in TaskRuns of
+its own Tasks needs them installed for Tekton to run them: --install FILE,... creates the
+objects of YAML files (the namespaced ones in berth-system) before each run's controller.
 
 The command fails when any run was incomplete, after printing every result.`,
 		Args: cobra.NoArgs,
@@ -207,7 +210,7 @@ The command fails when any run was incomplete, after printing every result.`,
 			for _, sc := range scenarios {
 				for _, run := range runs {
 					name := fmt.Sprintf("%s-%g-%s", sc.Name, sc.Scale, run.label)
-					o := bench.Options{Controller: run.command, LogDir: filepath.Join(logDir, name), Log: cmd.ErrOrStderr(), RealTekton: tekton == "real"}
+					o := bench.Options{Controller: run.command, LogDir: filepath.Join(logDir, name), Log: cmd.ErrOrStderr(), RealTekton: tekton == "real", Install: install}
 					if pprofDir != "" && run.label == "controller" {
 						addr, err := bench.FreeLoopbackAddress()
 						if err != nil {
@@ -269,6 +272,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
 	f.StringVar(&provisioner, "provisioner", "ssh", "how this berth's controller reaches the hosts: ssh or taskrun (ignored with --controller)")
 	f.StringVar(&logDir, "log-dir", "", "keep each run's logs in a directory of its own under this one (default: a new temporary directory, printed at the start)")
+	f.StringSliceVar(&install, "install", nil, "YAML files whose objects every run creates before its controller starts, the namespaced ones in berth-system: a baseline's own Tasks, which real Tekton must find to run its internal TaskRuns")
 	f.StringVar(&tekton, "tekton", "simulated", "what runs the user TaskRuns: simulated (the contract's simulation) or real (Tekton's own controller, with kwok pods; static scenarios, root)")
 	f.StringVar(&plotPath, "plot", "", "draw each run's latency distribution and tasks served over time into this SVG or PNG file")
 	f.StringVar(&pprofDir, "pprof", "", "save berth-dev's controller's CPU profile of the measured part and heap at the end of each run in a directory of its own under this one")

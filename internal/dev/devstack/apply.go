@@ -1,17 +1,14 @@
 package devstack
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // ApplyFiles creates, or updates, every object of the YAML files in order, as `kubectl apply
@@ -22,7 +19,7 @@ func (s *Stack) ApplyFiles(ctx context.Context, files ...string) ([]string, erro
 	c := s.ControlPlane.Client
 	var applied []string
 	for _, f := range files {
-		objs, err := decodeObjects(f)
+		objs, err := controlplane.ReadObjects(f)
 		if err != nil {
 			return applied, err
 		}
@@ -46,28 +43,6 @@ func (s *Stack) ApplyFiles(ctx context.Context, files ...string) ([]string, erro
 		}
 	}
 	return applied, nil
-}
-
-// decodeObjects reads every object of a YAML (or JSON) file, skipping empty documents.
-func decodeObjects(file string) ([]*unstructured.Unstructured, error) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	var objs []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return objs, nil
-			}
-			return nil, fmt.Errorf("%s: %w", file, err)
-		}
-		if len(obj.Object) > 0 {
-			objs = append(objs, obj)
-		}
-	}
 }
 
 func createOrUpdate(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {

@@ -254,7 +254,7 @@ func copyExecutable(from, to string) error {
 
 // applyFileTo is ApplyFiles for one file whose namespaced objects go to namespace.
 func (s *Stack) applyFileTo(ctx context.Context, file, namespace string) ([]string, error) {
-	objs, err := decodeObjects(file)
+	objs, err := controlplane.ReadObjects(file)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +31,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
@@ -254,7 +252,7 @@ func configure(ctx context.Context, c client.Client, config string) error {
 	}
 	files = append(append(files, cms...), filepath.Join(config, "500-webhooks.yaml"))
 	for _, f := range files {
-		objs, err := readObjects(f)
+		objs, err := controlplane.ReadObjects(f)
 		if err != nil {
 			return err
 		}
@@ -277,28 +275,6 @@ func configure(ctx context.Context, c client.Client, config string) error {
 		return fmt.Errorf("creating the webhook's Service: %w", err)
 	}
 	return nil
-}
-
-// readObjects reads the objects of a multi-document YAML file.
-func readObjects(path string) ([]*unstructured.Unstructured, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
-			return objs, nil
-		} else if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", path, err)
-		}
-		if len(obj.Object) > 0 {
-			objs = append(objs, obj)
-		}
-	}
 }
 
 // waitForWebhook waits until Tekton's webhook defaults a TaskRun and refuses an invalid one
