@@ -54,9 +54,10 @@ vet:
 ## (internal/dev/bench TestQuickBench: each scenario at scale 0.05, failing only on correctness),
 ## whose figures are printed at the end
 QUICK_BENCH_REPORT := $(CURDIR)/.berth/quick-bench.txt
-test: prereqs testbin vet
+## Tests that run berth or berth-dev as a program link bin/'s, built once here (BERTH_BIN_DIR).
+test: prereqs testbin vet build
 	@mkdir -p .berth && rm -f $(QUICK_BENCH_REPORT)
-	QUICK_BENCH_REPORT=$(QUICK_BENCH_REPORT) $(GO) test -tags $(TAGS) -count=1 -timeout 30m ./...
+	BERTH_BIN_DIR=$(CURDIR)/bin QUICK_BENCH_REPORT=$(QUICK_BENCH_REPORT) $(GO) test -tags $(TAGS) -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	@cat $(QUICK_BENCH_REPORT)
 

@@ -29,12 +29,9 @@ const quickScale = 0.05
 // broken harness shows. The static run also profiles the controller, checking
 // --pprof-bind-address and the profiles end to end.
 //
-// The controller is $BERTH_DEV (a berth-dev binary) or one built for the test.
+// The controller is a berth-dev built for the test (or make test's, see repo.Build).
 func TestQuickBench(t *testing.T) {
-	berthDev := os.Getenv("BERTH_DEV")
-	if berthDev == "" {
-		berthDev = buildBerthDev(t)
-	}
+	berthDev := buildBerthDev(t)
 	// The scenarios run at once: they wait on simulated task runs and VM boots far more than
 	// they compute, and each has a control plane, hosts and a cloud of its own. (Parallel
 	// subtests would run only GOMAXPROCS at a time.)

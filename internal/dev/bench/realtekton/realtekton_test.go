@@ -36,12 +36,9 @@ const quickScale = 0.02
 // The static scenario with Tekton's controller and kwok's pods in the loop: berth serves every
 // task, never over-commits, and Tekton's own writes are counted apart from berth's.
 func TestQuickBenchOnRealTekton(t *testing.T) {
-	berthDev := os.Getenv("BERTH_DEV")
-	if berthDev == "" {
-		berthDev = filepath.Join(t.TempDir(), "berth-dev")
-		if err := repo.Build("./cmd/berth-dev", berthDev); err != nil {
-			t.Fatal(err)
-		}
+	berthDev := filepath.Join(t.TempDir(), "berth-dev")
+	if err := repo.Build("./cmd/berth-dev", berthDev); err != nil {
+		t.Fatal(err)
 	}
 	sc, err := bench.ScenarioNamed("static", quickScale)
 	if err != nil {
