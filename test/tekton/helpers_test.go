@@ -76,7 +76,7 @@ func namespace(t *testing.T) string {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range stack.Tekton.Processes() {
-				t.Logf("end of %s's log:\n%s", p.Name, p.LogTail(10))
+				t.Logf("end of %s's log:\n%s", p.Name, shortLines(p.LogTail(10), 400))
 			}
 		}
 	})
@@ -408,4 +408,15 @@ func TestAnswersOfTheAPIServer(t *testing.T) {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
 		}
 	}
+}
+
+// shortLines cuts each line of text to n bytes: Tekton logs whole HTTP requests on a line.
+func shortLines(text string, n int) string {
+	lines := strings.Split(text, "\n")
+	for i, l := range lines {
+		if len(l) > n {
+			lines[i] = l[:n] + " …"
+		}
+	}
+	return strings.Join(lines, "\n")
 }
