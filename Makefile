@@ -48,7 +48,7 @@ prereqs:
 
 vet:
 	$(GO) vet -tags $(TAGS) ./...
-	@test -z "$$(gofmt -l cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l cmd internal test; exit 1; }
+	@test -z "$$(gofmt -l api cmd internal test 2>/dev/null)" || { echo "gofmt needed:"; gofmt -l api cmd internal test; exit 1; }
 
 ## test: every test, on a real control plane and real SSH hosts, among them the quick bench
 ## (internal/dev/bench TestQuickBench: each scenario at scale 0.05, failing only on correctness),

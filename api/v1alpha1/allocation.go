@@ -82,11 +82,11 @@ type AllocationStatus struct {
 	// attempt, so no two attempts or TaskRuns ever share one.
 	BuildUser string `json:"buildUser,omitempty"`
 	Attempt   int    `json:"attempt,omitempty"`
+	UserDir   string `json:"userDir,omitempty"`
 	// TaskRunAttempt is the attempt of its TaskRun berth last saw (1 + the length of its
 	// status.retriesStatus): Tekton retries a failed attempt in place, and every attempt keeps
 	// the task's host and build user. Unset until the first retry.
 	TaskRunAttempt int `json:"taskRunAttempt,omitempty"`
-	UserDir   string `json:"userDir,omitempty"`
 	// FailedHosts are hosts whose provisioning failed for this task.
 	FailedHosts []string `json:"failedHosts,omitempty"`
 	// Debts are build users still to be removed: from earlier attempts, and the task's own

@@ -11,3 +11,8 @@ func Platform(tr *pipelinev1.TaskRun) string {
 	}
 	return ""
 }
+
+// Attempt is the attempt a TaskRun is in: Tekton retries a failed attempt in place, moving its
+// status into status.retriesStatus before it makes the next attempt's pod, so the first
+// attempt is 1 and each retry adds one. Only Tekton writes the status a tenant's TaskRun has.
+func Attempt(tr *pipelinev1.TaskRun) int { return len(tr.Status.RetriesStatus) + 1 }

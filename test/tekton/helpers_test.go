@@ -4,18 +4,12 @@ package tekton
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
@@ -215,21 +209,11 @@ func redeem(t *testing.T, data map[string][]byte, token []byte) []byte {
 
 func tryRedeem(t *testing.T, data map[string][]byte, token []byte) (int, []byte) {
 	t.Helper()
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(data["otp-ca"]) {
-		t.Fatalf("the secret's otp-ca holds no certificate")
-	}
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	resp, err := hc.Post(string(data["otp-server"]), "application/x-www-form-urlencoded", strings.NewReader(string(token)))
+	status, body, err := stacktest.Redeem(string(data["otp-server"]), data["otp-ca"], string(token))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, body
+	return status, body
 }
 
 // hostAt is the test host or VM at address.
@@ -271,7 +255,7 @@ func settled(t *testing.T, ns string) {
 	stacktest.Settled(t, c(), ns)
 	stacktest.Eventually(t, "no build user on any host and no VM left", func() (bool, error) {
 		for _, h := range stack.Fleet.Hosts {
-			if users, err := buildUsers(h); err != nil || len(users) > 0 {
+			if users, err := h.BuildUsers(context.Background()); err != nil || len(users) > 0 {
 				return false, fmt.Errorf("host %s has build users %v (%v)", h.Name, users, err)
 			}
 		}
@@ -290,21 +274,6 @@ func settled(t *testing.T, ns string) {
 		return true, nil
 	})
 	noRefusedWrites(t)
-}
-
-// buildUsers lists the build users in a host's account database.
-func buildUsers(h *sshhosts.Host) ([]string, error) {
-	data, err := os.ReadFile(filepath.Join(h.EtcDir, "passwd"))
-	if err != nil {
-		return nil, err
-	}
-	var users []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if name, _, _ := strings.Cut(line, ":"); strings.HasPrefix(name, "u-") {
-			users = append(users, name)
-		}
-	}
-	return users, nil
 }
 
 // controllerUser is whom berth's controller acts as.

@@ -189,10 +189,10 @@ func stripTaskRun(obj any) (any, error) {
 	kept.Spec.PodTemplate = requiredNodeAffinity(tr)
 	s := &kept.Status
 	s.StartTime, s.CompletionTime, s.PodName = tr.Status.StartTime, tr.Status.CompletionTime, tr.Status.PodName
-	if n := len(tr.Status.RetriesStatus); n > 0 {
+	if attempt := contract.Attempt(tr); attempt > 1 {
 		// Of Tekton's retries, how many there were, and when the task first started: the
 		// attempts themselves (as many as a tenant's spec.retries allows) are not kept.
-		s.Annotations = map[string]string{cachedAttemptKey: strconv.Itoa(n + 1)}
+		s.Annotations = map[string]string{cachedAttemptKey: strconv.Itoa(attempt)}
 		if first := tr.Status.RetriesStatus[0].StartTime; first != nil {
 			s.StartTime = first
 		}
@@ -217,8 +217,8 @@ func stripTaskRun(obj any) (any, error) {
 // value there is always stripTaskRun's.
 const cachedAttemptKey = "berth.dev/attempt"
 
-// attemptOf is the attempt a cached TaskRun is in: 1, or after Tekton's retries 1 + how many
-// attempts failed (stripTaskRun keeps the count, not the attempts).
+// attemptOf is the attempt a cached TaskRun is in (contract.Attempt of the TaskRun as the
+// apiserver has it: stripTaskRun keeps the count, not the attempts).
 func attemptOf(tr *pipelinev1.TaskRun) int {
 	if n, err := strconv.Atoi(tr.Status.Annotations[cachedAttemptKey]); err == nil && n > 1 {
 		return n

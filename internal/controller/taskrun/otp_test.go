@@ -4,14 +4,10 @@ package taskrun_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -132,19 +128,11 @@ func TestATokenIsWorthNothingOnceItsSecretChangesOrItsTaskEnds(t *testing.T) {
 // redeem POSTs a token as a task would.
 func redeem(t *testing.T, url string, ca *tlscerts.CA, token string) (int, string) {
 	t.Helper()
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.PEM)
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	resp, err := hc.Post(url, "application/x-www-form-urlencoded", strings.NewReader(token))
+	status, body, err := stacktest.Redeem(url, ca.PEM, token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
+	return status, string(body)
 }
 
 // keysOf lists the keys kept for the task.

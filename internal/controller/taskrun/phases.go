@@ -72,6 +72,7 @@ type guardPhase struct {
 type retryPhase struct {
 	records  *recordStore
 	recorder events.EventRecorder
+	oneTime  bool // tasks get one-time tokens (OneTimeKeys), which each attempt redeems
 }
 
 // answers answers a task with an error once it cannot be served, and pays what its record still owes.

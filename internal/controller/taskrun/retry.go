@@ -28,9 +28,12 @@ func (p *retryPhase) follow(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 	}
 	taskRetries.WithLabelValues(rec.Spec.Platform).Inc()
 	if login := rec.Status.Login; login != nil && rec.Status.BuildUser != "" {
+		how := "its secret logs in as before"
+		if p.oneTime {
+			how = "the one-time token in its secret can be redeemed once more"
+		}
 		tell(ctx, p.recorder, tr, login.Host, corev1.EventTypeNormal, "Retried",
-			"Tekton runs attempt %d of this task: it keeps build user %s on host %s, so its secret logs in as before (a one-time token in it can be redeemed once more)",
-			attempt, rec.Status.BuildUser, login.Host)
+			"Tekton runs attempt %d of this task: it keeps build user %s on host %s, so %s", attempt, rec.Status.BuildUser, login.Host, how)
 	} else {
 		tell(ctx, p.recorder, tr, "", corev1.EventTypeNormal, "Retried",
 			"Tekton runs attempt %d of this task, which still waits for a host of platform %s", attempt, rec.Spec.Platform)

@@ -52,7 +52,7 @@ func (r *Reconciler) init() {
 	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
 		capacity: r.Capacity, gate: r.gate, secrets: r.secrets, records: r.records, mirror: r.mirror,
 		recorder: r.Recorder, now: r.now, started: r.now()}
-	r.retrying = &retryPhase{records: r.records, recorder: r.Recorder}
+	r.retrying = &retryPhase{records: r.records, recorder: r.Recorder, oneTime: r.OTP != nil}
 	r.answers = &answers{secrets: r.secrets, records: r.records, debts: r.debts}
 	r.guarding = &guardPhase{apiReader: r.APIReader, secrets: r.secrets, records: r.records, keyring: r.keyring,
 		mirror: r.mirror, recorder: r.Recorder}

@@ -142,14 +142,16 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	if r.o.RealTekton && r.sc.vms() {
 		return nil, fmt.Errorf("scenario %s runs on VMs; real Tekton is benched on the static scenarios only", r.sc.Name)
 	}
-	cpOpts := []controlplane.Option{controlplane.WithLogDir(r.dir), controlplane.WithAuditLog(r.auditPath, controllerUser)}
+	cpOpts := []controlplane.Option{controlplane.WithLogDir(r.dir)}
+	audited := []string{controllerUser}
 	if r.o.RealTekton {
 		tekton, err := realtekton.ControlPlaneOptions()
 		if err != nil {
 			return nil, err
 		}
-		cpOpts = append(append(tekton, controlplane.WithLogDir(r.dir)), controlplane.WithAuditLog(r.auditPath, controllerUser, tektonUser))
+		cpOpts, audited = append(cpOpts, tekton...), append(audited, tektonUser)
 	}
+	cpOpts = append(cpOpts, controlplane.WithAuditLog(r.auditPath, audited...))
 	var err error
 	r.cp, err = controlplane.Start(cpOpts...)
 	if err != nil {
@@ -589,7 +591,6 @@ func hostConfig(hosts *sshfake.Fleet, concurrency int) map[string]string {
 	return data
 }
 
-// userTask is a user TaskRun as buildah-remote makes it.
 // userTask is a user TaskRun of the run: with real Tekton, its pod's run drawn now, which
 // kwok waits out once its secret is there (the simulation draws it when the secret appears).
 func (r *run) userTask(name string) *pipelinev1.TaskRun {
@@ -600,6 +601,7 @@ func (r *run) userTask(name string) *pipelinev1.TaskRun {
 	return tr
 }
 
+// userTask is a user TaskRun as buildah-remote makes it.
 func userTask(name string) *pipelinev1.TaskRun {
 	return &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: userNamespace},

@@ -191,19 +191,19 @@ func (t *Tekton) onSecret(ctx context.Context, s *corev1.Secret) {
 	if !(hasHost || hasError) || !t.once("run/"+s.Namespace+"/"+name) {
 		return
 	}
-	run, outcome := t.Duration(), succeeded
 	if hasHost {
 		if t.OnSecret != nil {
 			t.OnSecret(name, time.Now())
 		}
-	} else {
-		if t.OnError != nil {
-			t.OnError(name, time.Now())
-		}
-		run, outcome = 0, failed
+	} else if t.OnError != nil {
+		t.OnError(name, time.Now())
 	}
 	if t.Real {
 		return // Tekton runs the task; kwok ends its pod after the run drawn at its creation
+	}
+	run, outcome := t.Duration(), succeeded
+	if !hasHost {
+		run, outcome = 0, failed
 	}
 	go func() {
 		select {

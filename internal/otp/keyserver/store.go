@@ -3,7 +3,7 @@
 // HTTPS, to whoever sends the token it was sealed under (POST /otp), as the buildah-remote
 // Tasks expect. Keys outlive restarts of the server (they are in the apiserver, not in memory),
 // a key is handed out at most once per attempt of its task however many ask at the same moment
-// (the delete that claims it is conditional on the version read), and a key stays redeemable
+// (the write that claims it, a delete or an update, is conditional on the version read), and a key stays redeemable
 // only while the task it was made for holds its build user, and for at most a TTL after it was
 // stored or, in a later attempt of a TaskRun that Tekton retries, after that attempt started.
 // A key stored through POST /store-key has no task: it is handed out once.
@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/otp"
 )
 
@@ -200,11 +201,6 @@ func redeemedAttempt(secret *corev1.Secret) (int, error) {
 	return n, nil
 }
 
-// attemptOf is the attempt a TaskRun is in: Tekton retries one in place, archiving the status
-// of each failed attempt in status.retriesStatus before it makes the next attempt's pod, so a
-// read of the TaskRun at a redemption always sees the attempt of the pod that redeems.
-func attemptOf(tr *pipelinev1.TaskRun) int { return len(tr.Status.RetriesStatus) + 1 }
-
 // attemptStart is when the TaskRun's current attempt started. Tekton sets status.startTime in
 // the reconcile that makes the attempt's pod and writes it with the pod's name, before that pod
 // can have reached the step that redeems; should the write have failed and be retried, the end
@@ -306,7 +302,7 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 		if claimed.Annotations == nil {
 			claimed.Annotations = map[string]string{}
 		}
-		claimed.Annotations[redeemedAttemptAnnotation] = strconv.Itoa(attemptOf(tr))
+		claimed.Annotations[redeemedAttemptAnnotation] = strconv.Itoa(contract.Attempt(tr))
 		switch err := s.Client.Update(ctx, claimed); {
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 			return done, ErrUnknown
@@ -333,7 +329,7 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 // checked).
 func (s *Store) judgeAttempt(tr *pipelinev1.TaskRun, secret *corev1.Secret) error {
 	redeemed, _ := redeemedAttempt(secret) // judge refused the key if unreadable
-	switch attempt := attemptOf(tr); {
+	switch attempt := contract.Attempt(tr); {
 	case redeemed >= attempt:
 		return ErrUnknown
 	case redeemed == 0:

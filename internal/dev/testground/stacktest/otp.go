@@ -1,8 +1,15 @@
 package stacktest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/dev/devstack"
@@ -58,4 +65,22 @@ func OTPControllerOn(t *testing.T, s *devstack.Stack, o controller.Options, bind
 	RestartController(t, s, withOTP)
 	t.Cleanup(func() { RestartController(t, s, o) })
 	return withOTP.OTP.ServerURL, ca
+}
+
+// Redeem POSTs a one-time token to berth's key server at url, trusting only the CA certificate
+// caPEM, as the buildah-remote Tasks' curl does with their secret's otp-server and otp-ca, and
+// returns the status and body of its answer.
+func Redeem(url string, caPEM []byte, token string) (int, []byte, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return 0, nil, errors.New("the CA holds no certificate")
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	resp, err := hc.Post(url, "application/x-www-form-urlencoded", strings.NewReader(token))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
 }
