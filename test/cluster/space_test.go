@@ -93,14 +93,15 @@ func listInSpace(t *testing.T, tenantNS, secretName, spaceNS string) {
 }
 
 // A claim that never gets ready ends the step at its timeout, naming the claim and both of
-// Crossplane's conditions, the composition's error among them.
+// Crossplane's conditions, the composition's error among them. The timeout leaves the space
+// stand-in time to report the stall first: under CI's load it once took more than 4 s.
 func TestProvisionSpaceOfAClaimThatNeverGetsReadyTimesOut(t *testing.T) {
 	t.Parallel()
 	ns := tenant(t, "e2e-space-stalled")
 	const cause = "cannot compose resources: function-go-templating: ns.yaml: template error"
 	stack.Spaces.StallClaims(ns, cause)
 	req := request(ns, "stalled", readyTemplate)
-	req.SpaceTimeout = "4s"
+	req.SpaceTimeout = stalledTimeout
 	run, err := stack.ProvisionSpace(context.Background(), req, pipelineLimit)
 	if run != nil && run.Space != nil {
 		release(t, run)
@@ -112,10 +113,13 @@ func TestProvisionSpaceOfAClaimThatNeverGetsReadyTimesOut(t *testing.T) {
 	said := steps.of(run.Space, "provision-space")
 	mustSay(t, "the provision-space step's output", said,
 		"waiting for Namespace claim "+ns+"/"+run.Space.Name+" to be Ready",
-		"Namespace claim "+ns+"/"+run.Space.Name+" is not ready after 4s",
+		"Namespace claim "+ns+"/"+run.Space.Name+" is not ready after "+stalledTimeout,
 		"Ready=False (Waiting)", "Synced=False (ReconcileError): "+cause)
-	mustSay(t, "the TaskRun's message", message(run.Space), "is not ready after 4s")
+	mustSay(t, "the TaskRun's message", message(run.Space), "is not ready after "+stalledTimeout)
 }
+
+// stalledTimeout is the stalled space's timeout param.
+const stalledTimeout = "30s"
 
 // Deleting the run that owns a claimed space takes the claim, its Secret and the namespace with
 // it: the garbage collector follows the claim's owner reference, the service the claim's
