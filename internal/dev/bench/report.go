@@ -57,6 +57,7 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("Events written", func(r *Result) float64 { return float64(r.EventsWritten) }, "%.0f")
 	if slices.ContainsFunc(results, func(r *Result) bool { return r.Tekton != "" }) {
 		row("Tekton's own writes (real Tekton)", func(r *Result) float64 { return float64(r.TektonWrites) }, "%.0f")
+		row("Tekton's writes to unrelated TaskRuns", func(r *Result) float64 { return float64(r.TektonHistoryWrites) }, "%.0f")
 	}
 	row("apiserver time per write p50 ms", func(r *Result) float64 { return r.ServerWriteTime.P50 }, "%.1f")
 	row("apiserver time per write p99 ms", func(r *Result) float64 { return r.ServerWriteTime.P99 }, "%.1f")

@@ -61,6 +61,10 @@ type Result struct {
 	// TektonWrites counts, apart from the controller's.
 	Tekton       string `json:"tekton,omitempty"`
 	TektonWrites int    `json:"tektonWrites,omitempty"`
+	// TektonHistoryWrites counts real Tekton's writes, over the whole run, in the namespace of
+	// the unrelated TaskRuns, which it finds finished: more than 0 says that the history was
+	// not history to it, and that its pace was spent there.
+	TektonHistoryWrites int `json:"tektonHistoryWrites,omitempty"`
 	// Provisioner is how the controller reached the hosts: ssh (from its own process) or
 	// taskrun (provision TaskRuns the simulation completed).
 	Provisioner string `json:"provisioner"`

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/client-go/rest"
+	"knative.dev/pkg/apis"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
@@ -158,6 +159,16 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	defer r.cp.Stop()
+	// The harness must never be what throttles the run: no client-side rate limit for it.
+	r.cfg = rest.CopyConfig(r.cp.Config)
+	r.cfg.QPS, r.cfg.Burst = -1, 0
+	if r.c, err = client.NewWithWatch(r.cfg, client.Options{Scheme: controlplane.Scheme()}); err != nil {
+		return nil, err
+	}
+	// Before Tekton starts, so that real Tekton finds them finished.
+	if err := r.createUnrelated(ctx); err != nil {
+		return nil, err
+	}
 	if r.o.RealTekton {
 		if r.tekton, err = realtekton.Start(ctx, r.cp, realtekton.AsUser(tektonUser)); err != nil {
 			return nil, err
@@ -165,12 +176,6 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		// Stopped before the control plane, after the controller.
 		defer r.tekton.Stop()
 		fmt.Fprintf(r.o.Log, "  Tekton %s runs the user TaskRuns; kwok plays their pods\n", r.tekton.Version())
-	}
-	// The harness must never be what throttles the run: no client-side rate limit for it.
-	r.cfg = rest.CopyConfig(r.cp.Config)
-	r.cfg.QPS, r.cfg.Burst = -1, 0
-	if r.c, err = client.NewWithWatch(r.cfg, client.Options{Scheme: controlplane.Scheme()}); err != nil {
-		return nil, err
 	}
 	hosts, addressing, err := startHosts(r.sc.Hosts, r.answers.answer)
 	if err != nil {
@@ -483,6 +488,9 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 			if !ev.RequestReceivedTimestamp.Time.Before(from) {
 				res.TektonWrites++
 			}
+			if ev.ObjectRef != nil && ev.ObjectRef.Namespace == unrelatedNamespace {
+				res.TektonHistoryWrites++
+			}
 		}
 	}); err != nil {
 		return fmt.Errorf("reading the controller's writes from the audit log: %w", err)
@@ -513,12 +521,12 @@ func provisionerSeen(overSSH, byTaskRun int64) string {
 	return "none"
 }
 
-// setUp writes the scenario's config, host admin secret (also the VMs' admin key), the VM
-// cloud's API key and unrelated TaskRuns. Both the upstream controller and berth read this
+// setUp writes the scenario's config, host admin secret (also the VMs' admin key) and the VM
+// cloud's API key. Both the upstream controller and berth read this
 // config: hosts are named by bare IPs, their admin secret's name names the architecture and
 // the secret carries the multi-platform-secret label, concurrency is at most 8.
 func (r *run) setUp(ctx context.Context, hosts *sshfake.Fleet, cloudKey string) error {
-	for _, ns := range []string{controllerNamespace, userNamespace, unrelatedNamespace} {
+	for _, ns := range []string{controllerNamespace, userNamespace} {
 		if err := r.cp.EnsureNamespace(ctx, ns); err != nil {
 			return err
 		}
@@ -556,16 +564,36 @@ func (r *run) setUp(ctx context.Context, hosts *sshfake.Fleet, cloudKey string) 
 			return err
 		}
 	}
+	return nil
+}
+
+// createUnrelated makes the scenario's TaskRuns of no concern to the controller. In the
+// simulation they are never started. Real Tekton would run such TaskRuns (at its pace, hours
+// for idle-cluster's), so with it they are what an idle cluster holds: history, finished before
+// Tekton starts, which Tekton then leaves alone.
+func (r *run) createUnrelated(ctx context.Context) error {
 	if r.sc.Unrelated == 0 {
 		return nil
+	}
+	if err := r.cp.EnsureNamespace(ctx, unrelatedNamespace); err != nil {
+		return err
 	}
 	began := time.Now()
 	var made atomic.Int64
 	err := parallel(r.sc.Unrelated, 32, func(i int) error {
-		tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("unrelated-%06d", i), Namespace: unrelatedNamespace},
-			Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "lint", Image: "golang", Script: "go vet ./..."}}}}}
+		tr := unrelatedTask(i)
+		if r.o.RealTekton {
+			// As Tekton's webhook would have defaulted it when it was created.
+			tr.SetDefaults(ctx)
+		}
 		if err := r.c.Create(ctx, tr); err != nil {
 			return err
+		}
+		if r.o.RealTekton {
+			finished(tr)
+			if err := r.c.Status().Update(ctx, tr); err != nil {
+				return fmt.Errorf("finishing unrelated TaskRun %s: %w", tr.Name, err)
+			}
 		}
 		if n := made.Add(1); n%20000 == 0 && int(n) < r.sc.Unrelated {
 			fmt.Fprintf(r.o.Log, "  %d of %d unrelated TaskRuns created\n", n, r.sc.Unrelated)
@@ -589,6 +617,32 @@ func hostConfig(hosts *sshfake.Fleet, concurrency int) map[string]string {
 		data[p+"concurrency"] = strconv.Itoa(concurrency)
 	}
 	return data
+}
+
+// unrelatedTask is the i-th TaskRun of no concern to the controller.
+func unrelatedTask(i int) *pipelinev1.TaskRun {
+	return &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("unrelated-%06d", i), Namespace: unrelatedNamespace},
+		Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{Steps: []pipelinev1.Step{{Name: "lint", Image: "golang", Script: "go vet ./..."}}}}}
+}
+
+// finished gives tr, as created, the status Tekton leaves on a TaskRun whose one step succeeded:
+// its spec resolved, the step's container terminated with 0, Succeeded=True, started when it was
+// created and done now. It names no pod: Tekton (v1.15.1) looks up the pod of every finished
+// TaskRun it reconciles, to stop its sidecars, and writes a Warning Event for each whose pod is
+// gone, as the history's pods are; without a pod name its reconciler returns early and writes
+// nothing.
+func finished(tr *pipelinev1.TaskRun) {
+	started, ended := tr.CreationTimestamp, metav1.Now()
+	tr.Status.SetCondition(&apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue,
+		Reason: pipelinev1.TaskRunReasonSuccessful.String(), Message: "All Steps have completed executing",
+		LastTransitionTime: apis.VolatileTime{Inner: ended}})
+	tr.Status.ObservedGeneration = tr.Generation
+	tr.Status.StartTime, tr.Status.CompletionTime = &started, &ended
+	tr.Status.TaskSpec = tr.Spec.TaskSpec
+	for _, step := range tr.Spec.TaskSpec.Steps {
+		tr.Status.Steps = append(tr.Status.Steps, pipelinev1.StepState{Name: step.Name, Container: "step-" + step.Name,
+			ContainerState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: ended}}})
+	}
 }
 
 // userTask is a user TaskRun of the run: with real Tekton, its pod's run drawn now, which
