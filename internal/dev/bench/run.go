@@ -522,9 +522,9 @@ func provisionerSeen(overSSH, byTaskRun int64) string {
 }
 
 // setUp writes the scenario's config, host admin secret (also the VMs' admin key) and the VM
-// cloud's API key. Both the upstream controller and berth read this
-// config: hosts are named by bare IPs, their admin secret's name names the architecture and
-// the secret carries the multi-platform-secret label, concurrency is at most 8.
+// cloud's API key. Both the upstream controller and berth read this config: hosts are named by
+// bare IPs, their admin secret's name names the architecture and the secret carries the
+// multi-platform-secret label, concurrency is at most 8.
 func (r *run) setUp(ctx context.Context, hosts *sshfake.Fleet, cloudKey string) error {
 	for _, ns := range []string{controllerNamespace, userNamespace} {
 		if err := r.cp.EnsureNamespace(ctx, ns); err != nil {
