@@ -68,8 +68,6 @@ func TestQuickBenchOnRealTekton(t *testing.T) {
 				t.Fatalf("%d over-commit violations (logs in %s)", res.Violations, dir)
 			case res.Tekton == "" || res.TektonWrites == 0:
 				t.Fatalf("Tekton %q made %d writes: the run was not on real Tekton", res.Tekton, res.TektonWrites)
-			case res.Unrelated != sc.Unrelated:
-				t.Fatalf("the run had %d unrelated TaskRuns, want %d", res.Unrelated, sc.Unrelated)
 			case res.TektonHistoryWrites > 0:
 				t.Fatalf("Tekton wrote %d times to the %d finished unrelated TaskRuns (logs in %s)", res.TektonHistoryWrites, res.Unrelated, dir)
 			}
