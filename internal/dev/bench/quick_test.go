@@ -104,7 +104,7 @@ func TestQuickBench(t *testing.T) {
 				t.Fatalf("%s (logs in %s)", strings.Join(problems, "; "), q.dir)
 			}
 			if q.o.Pprof != nil {
-				for _, p := range []string{"cpu.pprof", "heap.pprof"} {
+				for _, p := range []string{"cpu.pprof", "heap.pprof", apiServerCPUProfile} {
 					checkProfile(t, filepath.Join(q.o.Pprof.Dir, p))
 				}
 			}

@@ -63,6 +63,10 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("apiserver time per write p99 ms", func(r *Result) float64 { return r.ServerWriteTime.P99 }, "%.1f")
 	row("controller peak RSS MiB", func(r *Result) float64 { return r.PeakRSSMiB }, "%.1f")
 	row("controller CPU s", func(r *Result) float64 { return r.CPUSeconds }, "%.1f")
+	for _, p := range []string{"kube-apiserver", "etcd", "controller", "harness"} {
+		row(p+" CPU s, measured part", func(r *Result) float64 { return r.MeasuredCPUSeconds[p] }, "%.1f")
+	}
+	row("CPU per task served ms (all four)", func(r *Result) float64 { return r.CPUMsPerTask }, "%.1f")
 	row("over-commit violations", func(r *Result) float64 { return float64(r.Violations) }, "%.0f")
 	row("controller kills", func(r *Result) float64 { return float64(r.ControllerKills) }, "%.0f")
 	row("warnings on user tasks", func(r *Result) float64 { return float64(r.userWarnings()) }, "%.0f")
@@ -121,6 +125,12 @@ func printWritesByKind(w io.Writer, name string, r *Result) {
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%d\t\n", kind, k.Total, mean(k.NoWaitTasks, noWait), mean(k.WaitedTasks, waited), k.OutsideTasks)
 	}
 	tw.Flush()
+	if len(r.ReadsByKind) > 0 {
+		fmt.Fprintf(w, "%s: the controller's reads past its cache\n", name)
+		for _, kind := range slices.Sorted(maps.Keys(r.ReadsByKind)) {
+			fmt.Fprintf(w, "  %s\t%d\n", kind, r.ReadsByKind[kind])
+		}
+	}
 }
 
 // finishedTasks is how many measured tasks finished without waiting and after waiting.

@@ -56,6 +56,16 @@ type Result struct {
 	// hand-over waits for at least one write, so on a loaded machine its p50 and p99 are a
 	// floor under slotFreedToNextAllocationMs that no controller can go below.
 	ServerWriteTime Percentiles `json:"apiServerWriteMs"`
+	// ReadsByKind counts the controller's gets and lists in the measured part by resource
+	// and verb (e.g. "secrets get"), from the same audit log: reads past its cache.
+	ReadsByKind map[string]int `json:"apiReadsByKind"`
+	// MeasuredCPUSeconds is the CPU time each process used over the measured part (warm-up
+	// done → every task finished and quiet): kube-apiserver, etcd, the controller, and the
+	// harness (the simulation, the simulated hosts, the watches that time the tasks). With
+	// real Tekton, Tekton's processes are not in it. CPUMsPerTask is their sum per task
+	// served: what one task costs the machine, controller and apiserver together.
+	MeasuredCPUSeconds map[string]float64 `json:"measuredCpuSeconds"`
+	CPUMsPerTask       float64            `json:"cpuMsPerTask"`
 	// Tekton is what ran the user TaskRuns: "" for the simulation, "real <version>" for
 	// Tekton's own controller (Options.RealTekton), whose writes of the measured part
 	// TektonWrites counts, apart from the controller's.

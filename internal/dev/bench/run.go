@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,11 +45,15 @@ const (
 	// admin), by which the audit log tells its writes from the harness's and the
 	// simulation's.
 	controllerUser = "bench-controller"
+
 	// tektonUser is real Tekton's identity (Options.RealTekton), whose writes are counted
 	// apart.
 	tektonUser = "bench-tekton"
 	warmUpTask = "warm-up"
 )
+
+// readVerbs are the controller's requests the audit log records besides its writes.
+var readVerbs = []string{"get", "list"}
 
 // Options say how to run a controller on a scenario.
 type Options struct {
@@ -133,6 +138,9 @@ type run struct {
 	chk     *hostChecker
 	ctrl    *controllerProcess
 
+	// cpuFrom is the CPU time each process had used when the measured part began.
+	cpuFrom, cpuUsed map[string]float64
+
 	mu                                 sync.Mutex
 	created, secretAt, errorAt, doneAt map[string]time.Time
 	owners                             owners
@@ -152,7 +160,11 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		}
 		cpOpts, audited = append(cpOpts, tekton...), append(audited, tektonUser)
 	}
-	cpOpts = append(cpOpts, controlplane.WithAuditLog(r.auditPath, audited...))
+	// The controller's reads too (get and list; a watch is one long request), to tell what
+	// each task costs the apiserver besides its writes.
+	cpOpts = append(cpOpts, controlplane.WithAuditPolicy(r.auditPath,
+		auditv1.PolicyRule{Level: auditv1.LevelMetadata, Verbs: readVerbs, Users: []string{controllerUser}},
+		auditv1.PolicyRule{Level: auditv1.LevelMetadata, Verbs: controlplane.MutatingVerbs, Users: audited}))
 	var err error
 	r.cp, err = controlplane.Start(cpOpts...)
 	if err != nil {
@@ -299,9 +311,14 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 		return from, start, ctx.Err()
 	}
 	from = time.Now()
-	var pprof *profiler
+	r.cpuFrom = r.cpuNow()
+	var pprof *profiling
 	if r.o.Pprof != nil {
-		pprof = r.o.Pprof.start(ctx)
+		apiServer, err := apiServerPprof(r.cfg)
+		if err != nil {
+			return from, start, err
+		}
+		pprof = r.o.Pprof.start(ctx, apiServer)
 	}
 
 	chaosCtx, stopChaos := context.WithCancel(ctx)
@@ -346,12 +363,30 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 		return from, start, ctx.Err()
 	}
 	r.quiesce(ctx)
+	r.cpuUsed = map[string]float64{}
+	for name, now := range r.cpuNow() {
+		if was, ok := r.cpuFrom[name]; ok {
+			r.cpuUsed[name] = now - was
+		}
+	}
 	if pprof != nil {
 		if err := pprof.finish(ctx); err != nil {
 			fmt.Fprintf(r.o.Log, "  warning: profiling the controller: %v\n", err)
 		}
 	}
 	return from, start, nil
+}
+
+// cpuNow is the CPU time used so far by kube-apiserver, etcd, the controller (the running one
+// and those killed before it) and the harness (this process: the simulation, the simulated
+// hosts and the watches that time the tasks).
+func (r *run) cpuNow() map[string]float64 {
+	cpu := r.cp.CPUSeconds()
+	cpu["controller"] = r.ctrl.usage().cpuSeconds
+	if self, ok := controlplane.ProcessCPUSeconds("self"); ok {
+		cpu["harness"] = self
+	}
+	return cpu
 }
 
 // incomplete records why a phase ended short, when it did: the controller died, or err (the
@@ -404,6 +439,7 @@ func (r *run) createTask(ctx context.Context, tr *pipelinev1.TaskRun, measured b
 func (r *run) report(ctx context.Context, res *Result, from, start time.Time) error {
 	usage := r.ctrl.usage()
 	res.PeakRSSMiB, res.CPUSeconds, res.ControllerKills = usage.peakRSSMiB, usage.cpuSeconds, r.ctrl.killCount()
+	res.MeasuredCPUSeconds = r.cpuUsed
 	var err error
 	if res.UserWarnings, err = warningsOn(ctx, r.c, userNamespace); err != nil {
 		return err
@@ -477,12 +513,19 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 		return nil
 	}
 	tally := newWriteTally(r.owners, from, waited)
+	reads := map[string]int{}
 	if r.tekton != nil {
 		res.Tekton = "real " + r.tekton.Version()
 	}
 	if err := controlplane.ReadAuditLog(r.auditPath, func(ev *auditv1.Event) {
 		switch ev.User.Username {
 		case controllerUser:
+			if slices.Contains(readVerbs, ev.Verb) {
+				if !ev.RequestReceivedTimestamp.Time.Before(from) {
+					reads[kindOf(ev)]++
+				}
+				return
+			}
 			tally.add(ev)
 		case tektonUser:
 			if !ev.RequestReceivedTimestamp.Time.Before(from) {
@@ -501,6 +544,14 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 	res.WritesPerTaskNoWait, res.WritesPerTaskWaited, res.TasksWaited = tally.perTaskAverages()
 	res.WritesOutsideTasks, res.WritesByKind, res.EventsWritten = tally.outside, tally.kinds(), tally.events
 	res.ServerWriteTime = percentiles(tally.serverTimes)
+	res.ReadsByKind = reads
+	if res.Served > 0 && len(r.cpuUsed) > 0 {
+		var sum float64
+		for _, s := range r.cpuUsed {
+			sum += s
+		}
+		res.CPUMsPerTask = sum * 1000 / float64(res.Served)
+	}
 	if res.Incomplete == "" && res.Served == 0 {
 		res.Incomplete = fmt.Sprintf("the controller served no task (controller log: %s)", r.ctrl.logPath)
 	}

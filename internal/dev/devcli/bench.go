@@ -96,7 +96,13 @@ What a run reports:
   eventsWritten               the controller's writes to Events in the measured part
   apiServerWriteMs            how long kube-apiserver took over each of those writes,
                               received → answered (audit log): a floor under any hand-over
+  apiReadsByKind              the controller's gets and lists past its cache in the measured
+                              part, by resource and verb (audit log)
   controllerPeakRssMiB, controllerCpuSeconds   from /proc, across chaos restarts
+  measuredCpuSeconds          CPU time over the measured part of kube-apiserver, etcd, the
+                              controller and the harness (this process: simulation, simulated
+                              hosts, watches), from /proc
+  cpuMsPerTask                their sum per task served: what a task costs the machine
   overcommitViolations        a host or VM ever assigned more tasks than its slots
   userTaskWarnings            Warning events on user TaskRuns by reason (none deserved)
 Writes are counted from kube-apiserver's audit log of the controller's user (every create,
@@ -125,7 +131,9 @@ controllerKills counts the kills. The cloud and the simulation live on.
 --plot FILE.svg (or FILE.png) draws each run's creation→secret latency distribution (CDF)
 beside its tasks served over time. --pprof DIR runs berth-dev's own controller with --pprof-bind-address and
 saves, for each run, its CPU profile over the measured part (cpu.pprof) and its heap at the
-end (heap.pprof) in DIR/<run>/: go tool pprof -top DIR/<run>/cpu.pprof.
+end (heap.pprof) in DIR/<run>/: go tool pprof -top DIR/<run>/cpu.pprof. For every run, the
+floor's and the baseline's too, kube-apiserver's CPU profile over the measured part goes
+beside them (kube-apiserver-cpu.pprof; read it with the test ground's kube-apiserver binary).
 
 --floor runs the floor first on a static scenario: a calibration controller that writes
 only the assigned-host label, the secret and the label's removal, serves in creation order
@@ -211,13 +219,17 @@ The command fails when any run was incomplete, after printing every result.`,
 				for _, run := range runs {
 					name := fmt.Sprintf("%s-%g-%s", sc.Name, sc.Scale, run.label)
 					o := bench.Options{Controller: run.command, LogDir: filepath.Join(logDir, name), Log: cmd.ErrOrStderr(), RealTekton: tekton == "real", Install: install}
-					if pprofDir != "" && run.label == "controller" {
+					switch {
+					case pprofDir != "" && run.label == "controller":
 						addr, err := bench.FreeLoopbackAddress()
 						if err != nil {
 							return err
 						}
 						o.Controller += " --pprof-bind-address=" + addr
 						o.Pprof = &bench.Pprof{Address: addr, Dir: filepath.Join(pprofDir, name)}
+					case pprofDir != "":
+						// Another controller serves no pprof: kube-apiserver's profile alone.
+						o.Pprof = &bench.Pprof{Dir: filepath.Join(pprofDir, name)}
 					}
 					res, err := bench.Run(cmd.Context(), sc, o)
 					if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 )
@@ -124,4 +125,57 @@ func (cp *ControlPlane) killOrphanedAPIServer() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// CPUSeconds is the CPU time (user and system) etcd and kube-apiserver have used so far, by
+// name, read from /proc: each is the process whose command line names this control plane's
+// data or certificate directory. A program not found is left out.
+func (cp *ControlPlane) CPUSeconds() map[string]float64 {
+	marks := map[string]string{
+		"etcd":           "--data-dir=" + cp.env.ControlPlane.Etcd.DataDir,
+		"kube-apiserver": "--cert-dir=" + cp.env.ControlPlane.APIServer.CertDir,
+	}
+	out := map[string]float64{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	for _, e := range entries {
+		pid := e.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := bytes.Split(cmdline, []byte{0})
+		for name, mark := range marks {
+			if len(args) > 0 && filepath.Base(string(args[0])) == name && slices.ContainsFunc(args, func(a []byte) bool { return string(a) == mark }) {
+				if s, ok := ProcessCPUSeconds(pid); ok {
+					out[name] = s
+				}
+			}
+		}
+	}
+	return out
+}
+
+// ProcessCPUSeconds is the CPU time (user and system) process pid has used, from
+// /proc/<pid>/stat.
+func ProcessCPUSeconds(pid string) (float64, bool) {
+	stat, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return 0, false
+	}
+	f := bytes.Fields(stat[bytes.LastIndexByte(stat, ')')+1:])
+	if len(f) <= 12 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseFloat(string(f[11]), 64)
+	stime, err2 := strconv.ParseFloat(string(f[12]), 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return (utime + stime) / 100, true // USER_HZ
 }
