@@ -14,8 +14,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/adminkeys"
 	"github.com/berth-ci/berth/internal/cloud"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/controller/capacity"
@@ -253,10 +256,13 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := setupOTP(mgr, uncached, reconciler, o); err != nil {
 		return nil, err
 	}
+	adminKeys, err := adminKeysOf(mgr, o.Namespace)
+	if err != nil {
+		return nil, err
+	}
 	switch o.Provisioner {
 	case "ssh", "":
-		reconciler.Provisioner = provision.NewSSH(provision.Hostops{MinFreeBytes: o.MinFreeBytes},
-			adminKeyReader(mgr.GetAPIReader(), o.Namespace),
+		reconciler.Provisioner = provision.NewSSH(provision.Hostops{MinFreeBytes: o.MinFreeBytes}, adminKeys.Signer,
 			hostKeysOf(hostkeys.Store{Client: uncached, Namespace: o.Namespace}),
 			o.SSHWorkers, slots.Notify)
 	case "taskrun":
@@ -269,7 +275,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
 		Capacity: slots, Recorder: recorder, Debts: reconciler,
 		Checker: reconciler.Provisioner, CheckInterval: o.HostCheckInterval,
-		Prober:        hosts.SSHProber{AdminKey: adminKeyReader(mgr.GetAPIReader(), o.Namespace)},
+		Prober:        hosts.SSHProber{AdminKey: adminKeys.Signer},
 		Secret:        secretReader(mgr.GetAPIReader(), o.Namespace),
 		SweepInterval: o.SweepInterval, LeakGrace: o.LeakGrace, PlanInterval: o.VMPlanInterval, Now: o.Clock,
 	}
@@ -333,20 +339,29 @@ func servingCertificateIn(dir string) error {
 	return nil
 }
 
-// adminKeyReader reads an admin key when a host job needs it, past the cache: no admin key is
-// ever held in the controller's memory longer than one job.
-func adminKeyReader(r client.Reader, namespace string) func(context.Context, string) ([]byte, error) {
-	return func(ctx context.Context, name string) ([]byte, error) {
-		var s corev1.Secret
-		if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &s); err != nil {
-			return nil, err
-		}
-		key, ok := s.Data["id_rsa"]
-		if !ok {
-			return nil, fmt.Errorf("secret %s/%s has no key id_rsa", namespace, name)
-		}
-		return key, nil
+// adminKeysOf holds the admin keys of berth's namespace (adminkeys), with a watch of that
+// namespace's Secrets' metadata of its own: the manager's Secret cache holds berth's labelled
+// Secrets alone, and no Secret's data.
+func adminKeysOf(mgr ctrl.Manager, namespace string) (*adminkeys.Keys, error) {
+	// The one-time keys kept there, one per task (docs/otp.md), are no admin keys: left out,
+	// so that the watch holds only the Secrets the installation made.
+	notOneTimeKeys, err := labels.Parse("!" + keyserver.KeyLabel)
+	if err != nil {
+		return nil, err
 	}
+	versions, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		DefaultNamespaces: map[string]cache.Config{namespace: {}}, DefaultLabelSelector: notOneTimeKeys})
+	if err != nil {
+		return nil, err
+	}
+	// The informer is asked for now so that it starts, and syncs, with the manager.
+	if _, err := versions.GetInformer(context.Background(), adminkeys.SecretMeta()); err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(versions); err != nil {
+		return nil, err
+	}
+	return &adminkeys.Keys{Versions: versions, Secrets: mgr.GetAPIReader(), Namespace: namespace}, nil
 }
 
 // secretReader reads a Secret of the controller's namespace when a cloud call needs its

@@ -18,13 +18,13 @@ type HostSide interface {
 	Check(ctx context.Context, t remote.Target, platform string) Health
 }
 
-// SSH provisions from the controller's own process over SSH: admin keys are read on demand
-// from the controller's namespace and never written anywhere.
+// SSH provisions from the controller's own process over SSH: admin keys come from the
+// controller's namespace and are never written anywhere.
 type SSH struct {
 	Host HostSide
-	// AdminKey reads the private key of an admin-key secret (key id_rsa) of the controller's
+	// AdminKey is the private key of an admin-key secret (key id_rsa) of the controller's
 	// namespace.
-	AdminKey func(ctx context.Context, secret string) ([]byte, error)
+	AdminKey func(ctx context.Context, secret string) (ssh.Signer, error)
 	// HostKeys decides which host key a host may present: the pinned one, or the one
 	// recorded at first contact.
 	HostKeys func(login berthv1.HostLogin) (remote.HostKeys, error)
@@ -34,20 +34,16 @@ type SSH struct {
 }
 
 // NewSSH returns an SSH provisioner running at most workers host jobs at once.
-func NewSSH(host HostSide, adminKey func(context.Context, string) ([]byte, error),
+func NewSSH(host HostSide, adminKey func(context.Context, string) (ssh.Signer, error),
 	hostKeys func(berthv1.HostLogin) (remote.HostKeys, error), workers int, notify Notifier) *SSH {
 	return &SSH{Host: host, AdminKey: adminKey, HostKeys: hostKeys, jobs: newJobs(workers, notify),
 		conns: remote.NewPool(2*time.Minute, 4)}
 }
 
 func (s *SSH) target(ctx context.Context, login berthv1.HostLogin) (remote.Target, error) {
-	pem, err := s.AdminKey(ctx, login.AdminSecret)
+	signer, err := s.AdminKey(ctx, login.AdminSecret)
 	if err != nil {
-		return remote.Target{}, fmt.Errorf("reading the admin key of host %s (secret %s): %w", login.Host, login.AdminSecret, err)
-	}
-	signer, err := ssh.ParsePrivateKey(pem)
-	if err != nil {
-		return remote.Target{}, fmt.Errorf("the admin key of host %s (secret %s, key id_rsa) is not a private key: %w", login.Host, login.AdminSecret, err)
+		return remote.Target{}, fmt.Errorf("the admin key of host %s: %w", login.Host, err)
 	}
 	keys, err := s.HostKeys(login)
 	if err != nil {

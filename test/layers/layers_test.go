@@ -40,7 +40,7 @@ var layers = []layer{
 		"internal/cloud/ibmz/...", "internal/cloud/ibmiam/...", "internal/hostops/...",
 		"internal/hostkeys/...", "internal/provision/...", "internal/incident/...",
 		"internal/taskgen/...", "internal/status/...", "internal/otp/keyserver/...",
-		"internal/hostconfig/...",
+		"internal/hostconfig/...", "internal/adminkeys/...",
 	}},
 	// What the owners share: the ledger and its wake-ups.
 	{name: "capacity", units: []unit{"internal/controller/capacity/..."}},

@@ -17,20 +17,16 @@ import (
 // first key it presents is taken (unless the platform's config pins one) and recorded: from
 // then on berth accepts only that key from the VM.
 type SSHProber struct {
-	// AdminKey reads the private key of an admin-key Secret (key id_rsa).
-	AdminKey func(ctx context.Context, secret string) ([]byte, error)
+	// AdminKey is the private key of an admin-key Secret (key id_rsa).
+	AdminKey func(ctx context.Context, secret string) (ssh.Signer, error)
 	// Timeout bounds one attempt (connect and handshake).
 	Timeout time.Duration
 }
 
 func (p SSHProber) FirstContact(ctx context.Context, login berthv1.HostLogin) (string, error) {
-	pem, err := p.AdminKey(ctx, login.AdminSecret)
+	signer, err := p.AdminKey(ctx, login.AdminSecret)
 	if err != nil {
-		return "", fmt.Errorf("reading the VM admin key (secret %s): %w", login.AdminSecret, err)
-	}
-	signer, err := ssh.ParsePrivateKey(pem)
-	if err != nil {
-		return "", fmt.Errorf("the VM admin key (secret %s, key id_rsa) is not a private key: %w", login.AdminSecret, err)
+		return "", fmt.Errorf("the VM admin key: %w", err)
 	}
 	seen := &firstKey{}
 	var policy remote.HostKeys = seen
