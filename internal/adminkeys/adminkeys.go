@@ -20,10 +20,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-)
 
-// DataKey is the key of an admin-key Secret's data that holds the private key.
-const DataKey = "id_rsa"
+	"github.com/berth-ci/berth/internal/config"
+)
 
 // Keys hands out the admin keys of one namespace.
 type Keys struct {
@@ -79,15 +78,15 @@ func (k *Keys) read(ctx context.Context, name string) (ssh.Signer, error) {
 		}
 		return nil, err
 	}
-	pem, ok := s.Data[DataKey]
+	pem, ok := s.Data[config.AdminKeyField]
 	if !ok {
 		k.drop(name)
-		return nil, fmt.Errorf("secret %s/%s has no key %s", k.Namespace, name, DataKey)
+		return nil, fmt.Errorf("secret %s/%s has no key %s", k.Namespace, name, config.AdminKeyField)
 	}
 	signer, err := ssh.ParsePrivateKey(pem)
 	if err != nil {
 		k.drop(name)
-		return nil, fmt.Errorf("secret %s/%s, key %s, is not a private key: %w", k.Namespace, name, DataKey, err)
+		return nil, fmt.Errorf("secret %s/%s, key %s, is not a private key: %w", k.Namespace, name, config.AdminKeyField, err)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
@@ -116,7 +117,7 @@ func TestAKeyIsReadOnceAndFollowsItsSecret(t *testing.T) {
 	}
 	first, firstPub := newKey(t)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "host-admin", Namespace: ns},
-		Data: map[string][]byte{DataKey: first}}
+		Data: map[string][]byte{config.AdminKeyField: first}}
 	if err := cp.Client.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestAKeyIsReadOnceAndFollowsItsSecret(t *testing.T) {
 	}
 
 	second, secondPub := newKey(t)
-	secret.Data[DataKey] = second
+	secret.Data[config.AdminKeyField] = second
 	if err := cp.Client.Update(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestASecretWithoutAKeyIsAClearError(t *testing.T) {
 	}
 	for name, data := range map[string]map[string][]byte{
 		"no-key":  {"ssh-privatekey": []byte("x")},
-		"not-pem": {DataKey: []byte("not a key")},
+		"not-pem": {config.AdminKeyField: []byte("not a key")},
 	} {
 		if err := cp.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}); err != nil {
 			t.Fatal(err)

@@ -202,15 +202,19 @@ func (c *Config) UsablePlatforms() []Platform {
 	return out
 }
 
+// AdminKeyField is the key of an admin-key Secret's data that holds the private key berth
+// logs in to a host or VM with.
+const AdminKeyField = "id_rsa"
+
 // Secrets lists every secret the config names, in key order.
 func (c *Config) Secrets() []SecretRef {
 	var refs []SecretRef
 	for _, h := range c.Hosts {
-		refs = append(refs, SecretRef{Name: h.Secret, Keys: []string{"id_rsa"}, ConfigKey: hostKey(h.Name, "secret"), Platform: h.Platform})
+		refs = append(refs, SecretRef{Name: h.Secret, Keys: []string{AdminKeyField}, ConfigKey: hostKey(h.Name, "secret"), Platform: h.Platform})
 	}
 	for _, p := range slices.Sorted(maps.Keys(c.Dynamic)) {
 		d := c.Dynamic[p]
-		refs = append(refs, SecretRef{Name: d.SSHSecret, Keys: []string{"id_rsa"}, ConfigKey: dynamicKey(p, "ssh-secret"), Platform: p})
+		refs = append(refs, SecretRef{Name: d.SSHSecret, Keys: []string{AdminKeyField}, ConfigKey: dynamicKey(p, "ssh-secret"), Platform: p})
 		if s, ok := providerSecretKeys[d.Type]; ok && d.Settings[s.field] != "" {
 			refs = append(refs, SecretRef{Name: d.Settings[s.field], Keys: s.keys, ConfigKey: dynamicKey(p, s.field), Platform: p})
 		}

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // controllerProcess is the controller under test. Chaos kills it and starts it again; what
@@ -142,14 +143,7 @@ func (p *controllerProcess) usage() usage {
 			}
 		}
 	}
-	if stat, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) > 12 {
-			utime, _ := strconv.ParseFloat(f[11], 64)
-			stime, _ := strconv.ParseFloat(f[12], 64)
-			u.cpuSeconds = (utime + stime) / 100 // USER_HZ
-		}
-	}
+	u.cpuSeconds, _ = controlplane.ProcessCPUSeconds(pid)
 	return u.plus(p.spent)
 }
 

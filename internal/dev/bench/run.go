@@ -45,7 +45,6 @@ const (
 	// admin), by which the audit log tells its writes from the harness's and the
 	// simulation's.
 	controllerUser = "bench-controller"
-
 	// tektonUser is real Tekton's identity (Options.RealTekton), whose writes are counted
 	// apart.
 	tektonUser = "bench-tekton"
@@ -138,8 +137,8 @@ type run struct {
 	chk     *hostChecker
 	ctrl    *controllerProcess
 
-	// cpuFrom is the CPU time each process had used when the measured part began.
-	cpuFrom, cpuUsed map[string]float64
+	// cpuUsed is the CPU time each process used over the measured part (cpuNow's names).
+	cpuUsed map[string]float64
 
 	mu                                 sync.Mutex
 	created, secretAt, errorAt, doneAt map[string]time.Time
@@ -311,7 +310,7 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 		return from, start, ctx.Err()
 	}
 	from = time.Now()
-	r.cpuFrom = r.cpuNow()
+	cpuFrom := r.cpuNow()
 	var pprof *profiling
 	if r.o.Pprof != nil {
 		apiServer, err := apiServerPprof(r.cfg)
@@ -365,7 +364,7 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 	r.quiesce(ctx)
 	r.cpuUsed = map[string]float64{}
 	for name, now := range r.cpuNow() {
-		if was, ok := r.cpuFrom[name]; ok {
+		if was, ok := cpuFrom[name]; ok {
 			r.cpuUsed[name] = now - was
 		}
 	}
