@@ -28,15 +28,16 @@ import (
 
 // CacheOptions keep the controller's memory independent of what else the cluster holds, and of
 // how large a tenant makes its objects: only the secrets berth made, each cut down to what
-// berth reads of it (stripSecret; no other secret is ever held in memory; admin keys are read
-// on demand and never cached), only the config ConfigMap, records only of its own namespace,
-// and TaskRuns cut down to what berth reads (stripTaskRun; unrelated ones to their name).
-// Writes never send a cached TaskRun whole: see patchMirrors.
+// berth reads of it (stripSecret; no other secret's data is in this cache; the admin keys are
+// held parsed by adminkeys, apart), only the config ConfigMap, records only of its own
+// namespace, and TaskRuns cut down to what berth reads (stripTaskRun; unrelated ones to their
+// name). Writes never send a cached TaskRun whole, and read back only its metadata: see
+// taskMirror.write.
 func CacheOptions(namespace string) cache.Options {
 	byObject := hostconfig.CacheByObject(namespace)
 	// Task secrets live in tenants' namespaces. Admin key secrets in the controller's own may
-	// carry the same label (the controller berth replaces requires it on them), and an admin
-	// key is never held in memory longer than one host job: the field selector leaves them out.
+	// carry the same label (the controller berth replaces requires it on them); they are
+	// adminkeys' to hold, as parsed keys: the field selector leaves them out of this cache.
 	byObject[&corev1.Secret{}] = cache.ByObject{Label: labels.NewSelector().Add(mustExist(contract.SecretLabel)),
 		Field: fields.OneTermNotEqualSelector("metadata.namespace", namespace), Transform: stripSecret}
 	byObject[&pipelinev1.TaskRun{}] = cache.ByObject{Transform: func(obj any) (any, error) {

@@ -40,7 +40,7 @@ type mirrorState struct {
 	finalizer bool
 	failed    string // failed-hosts, comma list
 	position  int    // queue-position while waiting; 0 for none
-	// bare: the TaskRun's own annotations leave no room for berth's (see patchMirrors), so
+	// bare: the TaskRun's own annotations leave no room for berth's (see taskMirror.patch), so
 	// only labels and finalizer are written, and berth's annotations are taken away.
 	bare bool
 }
@@ -245,12 +245,22 @@ func (m *taskMirror) write(ctx context.Context, tr, before *pipelinev1.TaskRun, 
 	if err != nil {
 		return err
 	}
-	if err := m.client.Patch(ctx, tr, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+	// The patch is sent for the TaskRun's metadata alone: the apiserver patches the whole
+	// TaskRun but answers with its metadata (as=PartialObjectMetadata), so that neither it
+	// encodes, nor berth decodes and holds, a spec and status a tenant may have made 1.5 MiB
+	// large. The answer's metadata replaces tr's, cut down as the cache cuts it.
+	answer := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: tr.Name, Namespace: tr.Namespace}}
+	answer.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
+	if err := m.client.Patch(ctx, answer, client.RawPatch(types.JSONPatchType, patch)); err != nil {
 		if testFailed(err) {
 			return fmt.Errorf("%w: %w", errStale, err)
 		}
 		return err
 	}
+	tr.ResourceVersion, tr.Generation, tr.DeletionTimestamp = answer.ResourceVersion, answer.Generation, answer.DeletionTimestamp
+	tr.Labels = keepKeys(answer.Labels, taskRunLabelsRead)
+	tr.Annotations = keepKeys(answer.Annotations, taskRunAnnotationsRead)
+	tr.Finalizers = answer.Finalizers
 	m.notePatched(tr)
 	return nil
 }
@@ -290,10 +300,9 @@ func (m *taskMirror) notePatched(tr *pipelinev1.TaskRun) {
 		m.patched.Delete(tr.UID)
 		return
 	}
-	// The apiserver answers with the whole TaskRun: only what the cache would keep of it is
-	// kept (stripTaskRun), or a tenant's large annotations would stay here.
-	m.patched.Store(tr.UID, &patchedMeta{resourceVersion: rv, labels: keepKeys(tr.Labels, taskRunLabelsRead),
-		annotations: keepKeys(tr.Annotations, taskRunAnnotationsRead), finalizers: slices.Clone(tr.Finalizers)})
+	// tr's labels and annotations are cut down already (write): what the cache keeps of them.
+	m.patched.Store(tr.UID, &patchedMeta{resourceVersion: rv, labels: maps.Clone(tr.Labels),
+		annotations: maps.Clone(tr.Annotations), finalizers: slices.Clone(tr.Finalizers)})
 }
 
 // freshest is tr, or, while the cache has not caught up with berth's own last patch of it (the

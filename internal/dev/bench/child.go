@@ -62,6 +62,13 @@ func LiveHeapBytes(ctx context.Context, address string) (int64, error) {
 	return 0, fmt.Errorf("the heap profile of %s has no HeapAlloc", address)
 }
 
+// GoroutineStacks is the stack of each goroutine of the controller serving net/http/pprof at
+// address, now (goroutine?debug=2).
+func GoroutineStacks(ctx context.Context, address string) (string, error) {
+	data, err := (&Pprof{Address: address}).fetch(ctx, "/debug/pprof/goroutine?debug=2")
+	return string(data), err
+}
+
 // HeapProfile is the heap profile (gzipped protobuf, after a GC) of the controller serving
 // net/http/pprof at address.
 func HeapProfile(ctx context.Context, address string) ([]byte, error) {
