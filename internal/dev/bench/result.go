@@ -66,6 +66,10 @@ type Result struct {
 	// served: what one task costs the machine, controller and apiserver together.
 	MeasuredCPUSeconds map[string]float64 `json:"measuredCpuSeconds"`
 	CPUMsPerTask       float64            `json:"cpuMsPerTask"`
+	// StorageRequests counts kube-apiserver's requests to etcd in the measured part by
+	// operation and resource (see storageCounters): an update it retried on a conflict
+	// counts once per try, so beside the audit log's writes it shows the retries.
+	StorageRequests map[string]float64 `json:"apiStorageRequests"`
 	// Tekton is what ran the user TaskRuns: "" for the simulation, "real <version>" for
 	// Tekton's own controller (Options.RealTekton), whose writes of the measured part
 	// TektonWrites counts, apart from the controller's.

@@ -139,6 +139,8 @@ type run struct {
 
 	// cpuUsed is the CPU time each process used over the measured part (cpuNow's names).
 	cpuUsed map[string]float64
+	// storageUsed is kube-apiserver's requests to etcd over the measured part (storageCounters).
+	storageUsed map[string]float64
 
 	mu                                 sync.Mutex
 	created, secretAt, errorAt, doneAt map[string]time.Time
@@ -311,12 +313,13 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 	}
 	from = time.Now()
 	cpuFrom := r.cpuNow()
+	apiServer, err := apiServerPprof(r.cfg)
+	if err != nil {
+		return from, start, err
+	}
+	storageFrom, storageErr := storageCounters(ctx, apiServer)
 	var pprof *profiling
 	if r.o.Pprof != nil {
-		apiServer, err := apiServerPprof(r.cfg)
-		if err != nil {
-			return from, start, err
-		}
 		pprof = r.o.Pprof.start(ctx, apiServer)
 	}
 
@@ -367,6 +370,15 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 		if was, ok := cpuFrom[name]; ok {
 			r.cpuUsed[name] = now - was
 		}
+	}
+	if storageErr == nil {
+		var storageTo map[string]float64
+		if storageTo, storageErr = storageCounters(ctx, apiServer); storageErr == nil {
+			r.storageUsed = storageUsed(storageFrom, storageTo)
+		}
+	}
+	if storageErr != nil {
+		fmt.Fprintf(r.o.Log, "  warning: kube-apiserver's storage counters: %v\n", storageErr)
 	}
 	if pprof != nil {
 		if err := pprof.finish(ctx); err != nil {
@@ -439,6 +451,7 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 	usage := r.ctrl.usage()
 	res.PeakRSSMiB, res.CPUSeconds, res.ControllerKills = usage.peakRSSMiB, usage.cpuSeconds, r.ctrl.killCount()
 	res.MeasuredCPUSeconds = r.cpuUsed
+	res.StorageRequests = r.storageUsed
 	var err error
 	if res.UserWarnings, err = warningsOn(ctx, r.c, userNamespace); err != nil {
 		return err
