@@ -103,6 +103,9 @@ What a run reports:
                               controller and the harness (this process: simulation, simulated
                               hosts, watches), from /proc
   cpuMsPerTask                their sum per task served: what a task costs the machine
+  apiStorageRequests          kube-apiserver's requests to etcd in the measured part by
+                              operation and resource: an update retried on a conflict
+                              counts once per try
   overcommitViolations        a host or VM ever assigned more tasks than its slots
   userTaskWarnings            Warning events on user TaskRuns by reason (none deserved)
 Writes are counted from kube-apiserver's audit log of the controller's user (every create,
@@ -129,7 +132,7 @@ served tasks plus up to a second, and starts it again at once with the same comm
 controllerKills counts the kills. The cloud and the simulation live on.
 
 --plot FILE.svg (or FILE.png) draws each run's creation→secret latency distribution (CDF)
-beside its tasks served over time. --pprof DIR runs berth-dev's own controller with --pprof-bind-address and
+beside its tasks served over time. --pprof DIR runs the bench's own controller with --pprof-bind-address and
 saves, for each run, its CPU profile over the measured part (cpu.pprof) and its heap at the
 end (heap.pprof) in DIR/<run>/: go tool pprof -top DIR/<run>/cpu.pprof. For every run, the
 floor's and the baseline's too, kube-apiserver's CPU profile over the measured part goes
@@ -168,16 +171,14 @@ The command fails when any run was incomplete, after printing every result.`,
 			}
 			ownController := controllerCmd == ""
 			if pprofDir != "" && !ownController {
-				return errors.New("--pprof profiles berth-dev's own controller: leave out --controller")
+				return errors.New("--pprof profiles the bench's own controller: leave out --controller")
 			}
 			self, err := os.Executable()
 			if err != nil {
 				return err
 			}
 			if ownController {
-				// berth-dev's own controller: the production berth's, which cannot serve the
-				// dynamic scenarios' platforms of type local-vm.
-				controllerCmd = bench.BerthController(self, provisioner)
+				controllerCmd = bench.BerthController(ownBinary(self, scenario), provisioner)
 			}
 			scales := []float64{scale}
 			if len(sweep) > 0 {
@@ -277,7 +278,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.StringVar(&scenario, "scenario", "static", strings.Join(bench.ScenarioNames, ", "))
 	f.Float64Var(&scale, "scale", 1, "multiply the scenario's hosts and task counts (0.1 for a quick run)")
 	f.Float64SliceVar(&sweep, "sweep", nil, "run the scenario at each of these scales (e.g. 0.05,0.1,0.25) and print how the figures grow; overrides --scale")
-	f.StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: berth-dev's controller, berth's plus the local-vm provider the dynamic scenarios use)")
+	f.StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: the production berth beside berth-dev; berth-dev's own controller, berth's plus the local-vm provider, for the dynamic scenarios or when there is no berth beside it)")
 	f.StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
 	f.BoolVar(&floor, "floor", false, "run the floor first on the same scenario (static hosts only): the fewest writes a controller can make, to tell this machine's limits from the controller's")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
@@ -316,4 +317,21 @@ func newFloorCommand() *cobra.Command {
 			return err
 		},
 	}
+}
+
+// ownBinary is the binary of the controller the bench runs when no --controller is given: the
+// production berth beside berth-dev (productionBerth; make build puts both in bin/), which is
+// what a cluster runs and what the figures are about: berth-dev carries the test ground
+// besides, which its memory shows. The dynamic scenarios, whose platforms are of type
+// local-vm, take berth-dev's controller (self): only it has that provider. So does a berth-dev
+// with no berth beside it (go run, say).
+func ownBinary(self, scenario string) string {
+	if sc, err := bench.ScenarioNamed(scenario, 1); err != nil || sc.MaxInstances > 0 {
+		return self
+	}
+	production, err := productionBerth(filepath.Join(filepath.Dir(self), "berth"))
+	if err != nil {
+		return self
+	}
+	return production
 }

@@ -53,6 +53,29 @@ func TestDevNeedsTheProductionBerth(t *testing.T) {
 	}
 }
 
+// The bench measures the production berth beside berth-dev wherever that can serve the
+// scenario; berth-dev's own controller serves the local-vm platforms of the dynamic ones, and
+// stands in when there is no berth beside it.
+func TestBenchRunsTheProductionBerth(t *testing.T) {
+	dir := t.TempDir()
+	self, production := filepath.Join(dir, "berth-dev"), filepath.Join(dir, "berth")
+	for _, path := range []string{self, production} {
+		if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for scenario, want := range map[string]string{"static": production, "idle-cluster": production, "large": production,
+		"dynamic": self, "dynamic-pool": self} {
+		if got := ownBinary(self, scenario); got != want {
+			t.Errorf("scenario %s runs %s, want %s", scenario, got, want)
+		}
+	}
+	alone := filepath.Join(t.TempDir(), "berth-dev")
+	if got := ownBinary(alone, "static"); got != alone {
+		t.Errorf("with no berth beside it: %s, want berth-dev itself", got)
+	}
+}
+
 // The run's error is the component that stopped, and the run's own failure when it is more
 // than that stop seen from the run: neither is dropped, nor told twice.
 func TestOutcome(t *testing.T) {
