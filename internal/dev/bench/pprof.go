@@ -133,9 +133,10 @@ func (p *Pprof) fetch(ctx context.Context, path string) ([]byte, error) {
 	return readOK(http.DefaultClient, req)
 }
 
-// apiServerPprof reads kube-apiserver's pprof endpoint (served with --profiling, its default)
-// as the user of cfg, who must be allowed the non-resource URL /debug/pprof.
-func apiServerPprof(cfg *rest.Config) (getter, error) {
+// apiServerGetter reads a path of kube-apiserver's own (its pprof endpoint, served with
+// --profiling, its default; its /metrics) as the user of cfg, who must be allowed that
+// non-resource URL.
+func apiServerGetter(cfg *rest.Config) (getter, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err

@@ -313,7 +313,7 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 	}
 	from = time.Now()
 	cpuFrom := r.cpuNow()
-	apiServer, err := apiServerPprof(r.cfg)
+	apiServer, err := apiServerGetter(r.cfg)
 	if err != nil {
 		return from, start, err
 	}
