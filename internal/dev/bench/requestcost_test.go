@@ -75,28 +75,29 @@ func BenchmarkAPIServerCostPerRequest(b *testing.B) {
 		return func(i int) error { return c.Patch(ctx, trs[i], client.RawPatch(pt, []byte(patch))) }
 	}
 	label := fmt.Sprintf("%q:\"host-1\"", contract.AssignedHostLabel)
+	floorPatch := `{"metadata":{"labels":{` + label + `}}}`
+	// berth's: a JSON patch that tests what it replaces, with the finalizer.
+	berthPatch := fmt.Sprintf(`[{"op":"test","path":"/metadata/labels","value":null},`+
+		`{"op":"add","path":"/metadata/labels","value":{%s}},{"op":"test","path":"/metadata/finalizers","value":null},`+
+		`{"op":"add","path":"/metadata/finalizers","value":[%q]}]`, label, contract.Finalizer)
 	kinds := []struct {
 		name    string
 		prepare func(b *testing.B) func(i int) error
 	}{
 		{"taskrun merge patch, label (the floor)", func(b *testing.B) func(int) error {
-			return patchAll(taskRuns(b), types.MergePatchType, `{"metadata":{"labels":{`+label+`}}}`)
+			return patchAll(taskRuns(b), types.MergePatchType, floorPatch)
 		}},
 		{"taskrun merge patch, label and finalizer", func(b *testing.B) func(int) error {
 			return patchAll(taskRuns(b), types.MergePatchType, fmt.Sprintf(`{"metadata":{"labels":{%s},"finalizers":[%q]}}`, label, contract.Finalizer))
 		}},
 		{"taskrun JSON patch, tested label and finalizer (berth)", func(b *testing.B) func(int) error {
-			return patchAll(taskRuns(b), types.JSONPatchType, fmt.Sprintf(`[{"op":"test","path":"/metadata/labels","value":null},`+
-				`{"op":"add","path":"/metadata/labels","value":{%s}},{"op":"test","path":"/metadata/finalizers","value":null},`+
-				`{"op":"add","path":"/metadata/finalizers","value":[%q]}]`, label, contract.Finalizer))
+			return patchAll(taskRuns(b), types.JSONPatchType, berthPatch)
 		}},
 		{"taskrun merge patch, label (the floor), after Tekton's status", func(b *testing.B) func(int) error {
-			return patchAll(resolved(b), types.MergePatchType, `{"metadata":{"labels":{`+label+`}}}`)
+			return patchAll(resolved(b), types.MergePatchType, floorPatch)
 		}},
 		{"taskrun JSON patch (berth), after Tekton's status", func(b *testing.B) func(int) error {
-			return patchAll(resolved(b), types.JSONPatchType, fmt.Sprintf(`[{"op":"test","path":"/metadata/labels","value":null},`+
-				`{"op":"add","path":"/metadata/labels","value":{%s}},{"op":"test","path":"/metadata/finalizers","value":null},`+
-				`{"op":"add","path":"/metadata/finalizers","value":[%q]}]`, label, contract.Finalizer))
+			return patchAll(resolved(b), types.JSONPatchType, berthPatch)
 		}},
 		{"allocation create", func(b *testing.B) func(int) error {
 			run++

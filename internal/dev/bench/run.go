@@ -45,6 +45,7 @@ const (
 	// admin), by which the audit log tells its writes from the harness's and the
 	// simulation's.
 	controllerUser = "bench-controller"
+
 	// tektonUser is real Tekton's identity (Options.RealTekton), whose writes are counted
 	// apart.
 	tektonUser = "bench-tekton"
@@ -136,11 +137,6 @@ type run struct {
 	tekton  *realtekton.Tekton // with Options.RealTekton
 	chk     *hostChecker
 	ctrl    *controllerProcess
-
-	// cpuUsed is the CPU time each process used over the measured part (cpuNow's names).
-	cpuUsed map[string]float64
-	// storageUsed is kube-apiserver's requests to etcd over the measured part (storageCounters).
-	storageUsed map[string]float64
 
 	mu                                 sync.Mutex
 	created, secretAt, errorAt, doneAt map[string]time.Time
@@ -365,16 +361,11 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 		return from, start, ctx.Err()
 	}
 	r.quiesce(ctx)
-	r.cpuUsed = map[string]float64{}
-	for name, now := range r.cpuNow() {
-		if was, ok := cpuFrom[name]; ok {
-			r.cpuUsed[name] = now - was
-		}
-	}
+	res.MeasuredCPUSeconds = grown(cpuFrom, r.cpuNow())
 	if storageErr == nil {
 		var storageTo map[string]float64
 		if storageTo, storageErr = storageCounters(ctx, apiServer); storageErr == nil {
-			r.storageUsed = storageUsed(storageFrom, storageTo)
+			res.StorageRequests = grown(storageFrom, storageTo)
 		}
 	}
 	if storageErr != nil {
@@ -450,8 +441,6 @@ func (r *run) createTask(ctx context.Context, tr *pipelinev1.TaskRun, measured b
 func (r *run) report(ctx context.Context, res *Result, from, start time.Time) error {
 	usage := r.ctrl.usage()
 	res.PeakRSSMiB, res.CPUSeconds, res.ControllerKills = usage.peakRSSMiB, usage.cpuSeconds, r.ctrl.killCount()
-	res.MeasuredCPUSeconds = r.cpuUsed
-	res.StorageRequests = r.storageUsed
 	var err error
 	if res.UserWarnings, err = warningsOn(ctx, r.c, userNamespace); err != nil {
 		return err
@@ -557,9 +546,9 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 	res.WritesOutsideTasks, res.WritesByKind, res.EventsWritten = tally.outside, tally.kinds(), tally.events
 	res.ServerWriteTime = percentiles(tally.serverTimes)
 	res.ReadsByKind = reads
-	if res.Served > 0 && len(r.cpuUsed) > 0 {
+	if res.Served > 0 && len(res.MeasuredCPUSeconds) > 0 {
 		var sum float64
-		for _, s := range r.cpuUsed {
+		for _, s := range res.MeasuredCPUSeconds {
 			sum += s
 		}
 		res.CPUMsPerTask = sum * 1000 / float64(res.Served)

@@ -50,14 +50,14 @@ func storageCounters(ctx context.Context, get getter) (map[string]float64, error
 	return counts, nil
 }
 
-// storageUsed is what the counters grew by from before to after, leaving out those that did
-// not.
-func storageUsed(before, after map[string]float64) map[string]float64 {
-	used := map[string]float64{}
+// grown is what each count grew by from before to after (CPU seconds, requests), leaving out
+// those that did not grow.
+func grown(before, after map[string]float64) map[string]float64 {
+	out := map[string]float64{}
 	for k, v := range after {
 		if d := v - before[k]; d > 0 {
-			used[k] = d
+			out[k] = d
 		}
 	}
-	return used
+	return out
 }

@@ -45,7 +45,7 @@ apiserver_request_total{code="200",verb="PATCH",resource="taskruns"} 99
 	if want := map[string]float64{"update taskruns.tekton.dev": 10, "create secrets": 4, "get leases": 7}; !maps.Equal(before, want) {
 		t.Errorf("counters %v, want %v", before, want)
 	}
-	used := storageUsed(before, read(page(25, 4)))
+	used := grown(before, read(page(25, 4)))
 	if want := map[string]float64{"update taskruns.tekton.dev": 15}; !maps.Equal(used, want) {
 		t.Errorf("used %v, want %v", used, want)
 	}
