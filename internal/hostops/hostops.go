@@ -5,6 +5,7 @@ package hostops
 
 import (
 	"context"
+	"crypto/md5" // #nosec G501 -- only to name the users the upstream controller made, not for security
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -20,10 +21,19 @@ func LegacyUserName(namespace, taskRun string) string {
 	return "u-" + hex.EncodeToString(sum[:6])
 }
 
-// userNameRE matches every build user berth may remove: today's and LegacyUserName's.
-// newUserNameRE matches the users it creates.
+// UpstreamUserName is the build user the Konflux multi-platform controller, which berth
+// replaces, made for a TaskRun on a Linux host: "u-" and the first 28 hex digits of the MD5 of
+// the TaskRun's name, its namespace and a newline (its provision task names the user
+// u-$(echo "$TASKRUN_NAME$NAMESPACE" | md5sum | cut -b-28)). Kept to clean up after it.
+func UpstreamUserName(namespace, taskRun string) string {
+	sum := md5.Sum([]byte(taskRun + namespace + "\n")) // #nosec G401 -- a name, not a secret
+	return "u-" + hex.EncodeToString(sum[:])[:28]
+}
+
+// userNameRE matches every build user berth may remove: today's, LegacyUserName's and
+// UpstreamUserName's. newUserNameRE matches the users it creates.
 var (
-	userNameRE    = regexp.MustCompile(`^u-([0-9a-f]{12}|[0-9a-f]{24}-[0-9]{1,4})$`)
+	userNameRE    = regexp.MustCompile(`^u-([0-9a-f]{12}|[0-9a-f]{28}|[0-9a-f]{24}-[0-9]{1,4})$`)
 	newUserNameRE = regexp.MustCompile(`^u-[0-9a-f]{24}-[0-9]{1,4}$`)
 )
 

@@ -12,6 +12,8 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -241,13 +243,7 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
 	ctx := context.Background()
-	if err := stack.StopController(); err != nil {
-		t.Fatal(err)
-	}
-	marker := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: devstack.Namespace, Name: taskrun.SwitchoverMarker}}
-	if err := client.IgnoreNotFound(c().Delete(ctx, marker)); err != nil {
-		t.Fatal(err)
-	}
+	beforeFirstStart(t)
 	host := hostsByName()[0]
 	tr := userTaskRun(ns, "left-behind", platform, "")
 	tr.Labels[contract.AssignedHostLabel] = host.Name
@@ -259,6 +255,13 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	})
 	legacy := hostops.LegacyUserName(ns, tr.Name)
 	if _, err := host.Run(ctx, "useradd --create-home "+legacy); err != nil {
+		t.Fatal(err)
+	}
+	// The secret the earlier release wrote names its user (test/migrate adopts the upstream
+	// controller's).
+	if err := c().Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: contract.SecretPrefix + tr.Name,
+		Labels: map[string]string{contract.SecretLabel: "true"}},
+		Data: map[string][]byte{"host": []byte(legacy + "@" + host.Address), "user-dir": []byte("/home/" + legacy)}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := startController(controllerOptions()); err != nil {
@@ -287,4 +290,92 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	finish(t, forged)
 	settled(t, ns)
 	noBuildUsersLeft(t)
+}
+
+// beforeFirstStart stops the controller and forgets that it ever adopted anything, so that its
+// next start is its first on the cluster.
+func beforeFirstStart(t *testing.T) {
+	t.Helper()
+	if err := stack.StopController(); err != nil {
+		t.Fatal(err)
+	}
+	marker := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: devstack.Namespace, Name: taskrun.SwitchoverMarker}}
+	if err := client.IgnoreNotFound(c().Delete(context.Background(), marker)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSwitchOverAdoptsNoSharedUpstreamUser: the controller berth replaces named a build user
+// after its TaskRun's name and namespace run together, so a tenant can name a TaskRun in a
+// namespace of its own to get another's user. berth adopts neither TaskRun of such a pair,
+// releases both, and removes no user: whose it is cannot be told.
+func TestSwitchOverAdoptsNoSharedUpstreamUser(t *testing.T) {
+	applyConfig(t, 2, nil)
+	ns := namespace(t)
+	ctx := context.Background()
+	// A namespace that is the end of ns, and a name that takes ns's start: the same text.
+	const cut = 6
+	lookalikeNS := ns[cut:]
+	if err := stack.ControlPlane.EnsureNamespace(ctx, lookalikeNS); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stacktest.FinishAllOnFailure(t, stack, lookalikeNS) })
+	victim, lookalike := userTaskRun(ns, "shared", platform, ""), userTaskRun(lookalikeNS, "shared"+ns[:cut], platform, "")
+	user := hostops.UpstreamUserName(ns, victim.Name)
+	if other := hostops.UpstreamUserName(lookalikeNS, lookalike.Name); other != user {
+		t.Fatalf("the pair's upstream users differ (%s, %s): the test names them wrong", user, other)
+	}
+	beforeFirstStart(t)
+	host := hostsByName()[0]
+	if _, err := host.Run(ctx, "useradd --create-home "+user); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := host.Run(context.Background(), "userdel --remove "+user+" 2>/dev/null || true"); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, tr := range []*pipelinev1.TaskRun{victim, lookalike} {
+		tr.Labels[contract.AssignedHostLabel] = host.Name
+		tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
+		tr.Finalizers = []string{contract.Finalizer}
+		create(t, tr)
+		eventually(t, "the stand-in resolved "+tr.Name, func() (bool, error) {
+			return get(t, tr).Status.TaskSpec != nil, nil
+		})
+		// The secret the upstream provision task wrote: labelled, owned by nothing.
+		if err := c().Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name,
+			Labels: map[string]string{contract.SecretLabel: "true"}},
+			Data: map[string][]byte{"host": []byte(user + "@" + host.Address), "user-dir": []byte("/home/" + user)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := startController(controllerOptions()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range []*pipelinev1.TaskRun{victim, lookalike} {
+		eventually(t, tr.Namespace+"/"+tr.Name+" is released with an AdoptionFailed Event naming the user", func() (bool, error) {
+			if cur := get(t, tr); len(cur.Finalizers) > 0 || cur.Labels[contract.AssignedHostLabel] != "" {
+				return false, nil
+			}
+			var events eventsv1.EventList
+			if err := c().List(ctx, &events, client.InNamespace(tr.Namespace)); err != nil {
+				return false, err
+			}
+			return slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
+				return e.Reason == "AdoptionFailed" && e.Regarding.Name == tr.Name && strings.Contains(e.Note, user)
+			}), nil
+		})
+		var rec berthv1.Allocation
+		if err := c().Get(ctx, client.ObjectKey{Namespace: devstack.Namespace, Name: string(get(t, tr).UID)}, &rec); !apierrors.IsNotFound(err) {
+			t.Errorf("%s/%s has a record (%v): it was adopted", tr.Namespace, tr.Name, err)
+		}
+	}
+	finish(t, victim)
+	finish(t, lookalike)
+	settled(t, ns)
+	settled(t, lookalikeNS)
+	if !userExists(t, host, user) {
+		t.Errorf("berth removed %s, the user two TaskRuns share", user)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,7 +142,8 @@ func (l *line) restoreQueue(ctx context.Context, records []berthv1.Allocation) e
 
 // request is the ledger's request for a user TaskRun that waits for a slot without a
 // record: still running, admitted by cfg to a platform whose tasks hold hosts, and not answered
-// by a secret of berth's (an error, or a user handed over whose record is gone). ok is false
+// by a secret of berth's (an error, or a user handed over whose record is gone) or of the
+// controller berth replaced (answeredElsewhere). ok is false
 // for any other TaskRun. Whoever asks has checked that it has no record.
 func (l *line) request(ctx context.Context, cfg *config.Config, tr *pipelinev1.TaskRun) (allocation.Request, bool, error) {
 	if tr.IsDone() || tr.DeletionTimestamp != nil || l.gate.classify(tr) != userTask {
@@ -150,7 +152,7 @@ func (l *line) request(ctx context.Context, cfg *config.Config, tr *pipelinev1.T
 	if !l.gate.admission(cfg, tr).holdsHost() {
 		return allocation.Request{}, false, nil
 	}
-	if s, err := l.secrets.of(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && ownedBy(s, tr.UID)) {
+	if s, err := l.secrets.of(ctx, tr.Namespace, tr.Name); err != nil || (s != nil && (ownedBy(s, tr.UID) || answeredElsewhere(s))) {
 		return allocation.Request{}, false, err
 	}
 	return allocation.Request{Task: taskOf(tr), Platform: contract.Platform(tr), Created: tr.CreationTimestamp.Time}, true, nil
@@ -241,7 +243,7 @@ func (l *line) adoptOnce(ctx context.Context) error {
 	if err := l.client.List(ctx, &list); err != nil {
 		return err
 	}
-	adopted := 0
+	var candidates []*pipelinev1.TaskRun
 	for i := range list.Items {
 		tr := &list.Items[i]
 		host := tr.Labels[contract.AssignedHostLabel]
@@ -253,6 +255,19 @@ func (l *line) adoptOnce(ctx context.Context) error {
 		// its labels are the tenant's, not a record of anything (the apiserver sets the
 		// creation time; a tenant cannot).
 		if !tr.CreationTimestamp.Time.Before(l.started) {
+			continue
+		}
+		candidates = append(candidates, tr)
+	}
+	shared := sharedUpstreamUsers(candidates)
+	adopted := 0
+	for _, tr := range candidates {
+		host := tr.Labels[contract.AssignedHostLabel]
+		if user := hostops.UpstreamUserName(tr.Namespace, tr.Name); shared[user] {
+			tell(ctx, l.recorder, tr, host, corev1.EventTypeWarning, "AdoptionFailed", "another TaskRun's name and namespace run together to the same text as this one's, so the controller berth replaced named both build users %s; berth cannot tell whose user it is and removes neither: remove it by hand once both tasks have ended", user)
+			if err := client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true})); err != nil {
+				return err
+			}
 			continue
 		}
 		ok, err := l.adopt(ctx, tr, host)
@@ -286,22 +301,62 @@ func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName strin
 		tell(ctx, l.recorder, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
 		return false, client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true}))
 	}
+	// Which user was made there, the task's secret tells (see adoptedBuildUser); the cache holds
+	// no secret's data.
+	var secret corev1.Secret
+	err = l.apiReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &secret)
+	if client.IgnoreNotFound(err) != nil {
+		return false, err
+	}
 	// The labels are still the tenant's to write: they may name a full host. The controller
 	// berth replaces never over-committed, so a task beyond the host's concurrency was not
-	// really there; it is served like a new task instead.
+	// really there; it is served like a new task instead, unless a secret of that controller
+	// answers it already (answeredElsewhere).
 	if !l.capacity.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
-		tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task", host.Name)
+		tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task unless it has its secret already", host.Name)
 		return false, nil
 	}
 	rec := l.records.forTask(tr, config.StrategyStatic)
 	login := hostconfig.Login(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
-		BuildUser: hostops.LegacyUserName(tr.Namespace, tr.Name), Message: "adopted from the controller berth replaced",
+		BuildUser: adoptedBuildUser(tr, secret.Data), Message: "adopted from the controller berth replaced",
 		ReservedAt: microStamp(l.now())}
 	if err := l.client.Create(ctx, rec); err != nil {
 		l.capacity.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
-	tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user is removed when it ends", host.Name)
+	tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user %s is removed when it ends", host.Name, rec.Status.BuildUser)
 	return true, nil
+}
+
+// sharedUpstreamUsers are the build user names that the controller berth replaced gave to more
+// than one of trs. It names a user after the TaskRun's name and namespace run together
+// (UpstreamUserName), so a tenant can name a TaskRun in a namespace of its own ("build-1tea" in
+// "m-ab") to share another tenant's user ("build-1" in "team-ab"): adopting either would let
+// that tenant's task end the other's build by its clean.
+func sharedUpstreamUsers(trs []*pipelinev1.TaskRun) map[string]bool {
+	seen := map[string]int{}
+	for _, tr := range trs {
+		seen[hostops.UpstreamUserName(tr.Namespace, tr.Name)]++
+	}
+	shared := map[string]bool{}
+	for user, n := range seen {
+		if n > 1 {
+			shared[user] = true
+		}
+	}
+	return shared
+}
+
+// adoptedBuildUser is the build user an adopted TaskRun holds on its host: the one an earlier
+// berth release made (LegacyUserName) when the task's secret logs in as it, else the one the
+// upstream controller makes (UpstreamUserName), whose provision task may still be running and
+// not have written the secret yet. Both names derive from the TaskRun's own namespace and name,
+// so whatever a tenant writes into its secret can point berth at no one else's user.
+func adoptedBuildUser(tr *pipelinev1.TaskRun, secretData map[string][]byte) string {
+	legacy := hostops.LegacyUserName(tr.Namespace, tr.Name)
+	if strings.HasPrefix(string(secretData["host"]), legacy+"@") {
+		return legacy
+	}
+	return hostops.UpstreamUserName(tr.Namespace, tr.Name)
 }

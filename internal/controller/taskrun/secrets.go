@@ -5,6 +5,7 @@ package taskrun
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -123,6 +124,18 @@ func ownedBy(s *corev1.Secret, uid types.UID) bool {
 		}
 	}
 	return false
+}
+
+// answeredElsewhere tells a task's secret, labelled as berth's, that no TaskRun owns: berth
+// writes none such, while the provision task of the controller berth replaces writes every one
+// so (kubectl create, no owner). Its task has a host and a build user from that controller
+// (one berth did not adopt: on a cloud VM, or a host berth does not know), and a host berth
+// reserved for it could never be handed over: the secret's name is taken.
+func answeredElsewhere(s *corev1.Secret) bool {
+	if s.Labels[contract.SecretLabel] != "true" {
+		return false
+	}
+	return !slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Kind == "TaskRun" })
 }
 
 func ownerOf(tr *pipelinev1.TaskRun) tasksecret.Owner {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -23,6 +24,12 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		}
 		if secret != nil && ownedBy(secret, tr.UID) {
 			r.line.leave(tr) // answered already: local or an error
+			return reconcile.Result{}, nil
+		}
+		if secret != nil && answeredElsewhere(secret) {
+			r.line.leave(tr)
+			tell(ctx, r.secrets.recorder, tr, "", corev1.EventTypeWarning, "ForeignSecret",
+				"the secret %s was not written by berth for this TaskRun (it has no owner, as those of the controller berth replaced have none), so the task has its answer already and berth does not serve it; if that is wrong, delete the secret and re-run the task", secret.Name)
 			return reconcile.Result{}, nil
 		}
 		return r.admitting.admit(ctx, tr)
