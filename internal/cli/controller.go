@@ -6,6 +6,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
+	"github.com/berth-ci/berth/internal/version"
 )
 
 // The controller's client limits as it ships (--kube-api-qps, --kube-api-burst).
@@ -27,6 +28,9 @@ func newControllerCommand() *cobra.Command {
 		Short: "Run the controller: serve TaskRuns that ask for a platform",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The first line of the log says which build runs, even when it fails to start.
+			v := version.Get()
+			ctrl.Log.WithName("berth").Info("starting the controller", "version", v.Version, "commit", v.Commit, "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection, "webhookPort", o.WebhookPort)
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -36,7 +40,6 @@ func newControllerCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctrl.Log.WithName("berth").Info("starting", "namespace", o.Namespace, "concurrentReconciles", o.ConcurrentReconciles, "leaderElection", o.LeaderElection, "webhookPort", o.WebhookPort)
 			return mgr.Start(ctrl.SetupSignalHandler())
 		},
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/kubescheme"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
+	"github.com/berth-ci/berth/internal/version"
 )
 
 func newOTPServerCommand() *cobra.Command {
@@ -35,6 +36,9 @@ Secrets of berth's namespace, so a restart loses none; they are written by berth
 POST /store-key. The controller can serve the same endpoints itself (--otp-bind-address).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The first line of the log says which build runs, even when it fails to start.
+			v := version.Get()
+			ctrl.Log.WithName("berth").Info("starting the key server", "version", v.Version, "commit", v.Commit, "namespace", store.Namespace, "address", serve.Addr)
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -66,7 +70,6 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			ctrl.Log.WithName("berth").Info("starting the key server", "namespace", store.Namespace, "address", serve.Addr)
 			return mgr.Start(ctx)
 		},
 	}

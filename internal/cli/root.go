@@ -42,7 +42,7 @@ through the multi-platform-ssh-<taskrun> secret.`,
 	}
 	root.PersistentFlags().BoolVar(&development, "log-development", false, "human-readable, verbose logs")
 	root.AddCommand(newControllerCommand(), newOTPServerCommand(), newConfigCommand(), newHostCommand(), newClusterCommand(), newStatusCommand(),
-		newTaskgenCommand())
+		newTaskgenCommand(), newVersionCommand())
 	if filepath.Base(os.Args[0]) == KubectlPlugin {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl berth"}
 	}
