@@ -13,11 +13,25 @@ RACE_PKGS ?= ./internal/allocation/... ./internal/controller/... ./internal/conf
 
 all: build
 
+## VERSION: what this checkout is, from `git describe --tags --always --dirty`. The repository has
+## no tag yet, so an untagged build is its short commit (2fc4508), with -dirty when tracked files
+## have uncommitted changes. COMMIT is the full `git rev-parse HEAD`. Both reach the binaries
+## through LDFLAGS (`berth version`, the first log line, the berth_build_info metric).
+## Each is read once per make (git describe at every use could name two versions in one release).
+ifeq ($(origin VERSION),undefined)
+VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+endif
+ifeq ($(origin COMMIT),undefined)
+COMMIT := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+endif
+VERSION_PKG := github.com/berth-ci/berth/internal/version
+LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+
 ## build: bin/berth, the production binary, and bin/berth-dev, berth plus dev and bench (the
 ## test ground, the dev stack and the local-vm provider are linked only into berth-dev)
 build:
-	$(GO) build -o bin/berth ./cmd/berth
-	$(GO) build -o bin/berth-dev ./cmd/berth-dev
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/berth ./cmd/berth
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/berth-dev ./cmd/berth-dev
 
 ## kubectl-berth: `kubectl berth status` — bin/kubectl-berth, a link to bin/berth (kubectl runs
 ## any kubectl-<name> on PATH as `kubectl <name>`): export PATH=$$PWD/bin:$$PATH
@@ -26,12 +40,25 @@ kubectl-berth: build
 	ln -sf berth bin/kubectl-berth
 
 ## image: the image IMG with podman: a static ./cmd/berth and Debian's CA bundle, FROM scratch
-## (Containerfile; nothing is pulled). config/manager and config/tasks run this IMG.
-IMG ?= ghcr.io/berth-ci/berth:latest
+## (Containerfile; nothing is pulled), tagged with the version. config/manager and config/tasks
+## name its repository untagged; the release (make release) or an overlay pins it.
+IMG ?= ghcr.io/berth-ci/berth:$(VERSION)
 .PHONY: image
 image: prereqs
-	@IMG=$(IMG) hack/image.sh >/dev/null
+	@IMG=$(IMG) LDFLAGS="$(LDFLAGS)" hack/image.sh >/dev/null
 	@echo "built $(IMG)"
+
+## release: this version's install file and image into DIST: berth-<version>.oci.tar, the image
+## as an OCI archive, and berth-<version>.yaml, config/release in one file with every image pinned
+## as <repository>:<version>@<the archive's manifest digest> (hack/release). Publish the image
+## with `podman push $(IMG)` from the same machine (docs/install.md#release).
+DIST ?= dist
+.PHONY: release
+release: image
+	@mkdir -p $(DIST)
+	@rm -f $(DIST)/berth-$(VERSION).oci.tar
+	@podman save --quiet --format oci-archive --output $(DIST)/berth-$(VERSION).oci.tar $(IMG)
+	@$(GO) run ./hack/release --image $(IMG) --archive $(DIST)/berth-$(VERSION).oci.tar --output $(DIST)/berth-$(VERSION).yaml
 
 ## generate: deep-copy code and CRDs of berth's records (api/v1alpha1 → config/crd/bases)
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.1

@@ -5,7 +5,9 @@
 # bin/k8s/<k8s version>/, the directory envtest and `berth dev` read. Each of the last three is a
 # module of its own, so that its dependencies pin nothing of the others. kubectl and yq are what
 # the dev stack gives steps of the images that carry them; kube-scheduler, Tekton and kwok are the
-# real Tekton of the test ground (internal/dev/testground/realtekton). A warm cache is a no-op:
+# real Tekton of the test ground (internal/dev/testground/realtekton). It also downloads the Go
+# modules of cert-manager and the Prometheus Operator, whose CRDs the deploy test installs
+# (hack/crd-modules.txt). A warm cache is a no-op:
 # each binary is rebuilt only when missing. Cold, on 2 cores, this takes ~18 minutes (Tekton's
 # two about 8 of them, kwok about 3) and ~2 GB of RAM.
 set -euo pipefail
@@ -42,4 +44,11 @@ build yq "$yq_version" "$tools/yq" github.com/mikefarah/yq/v4
 build tekton-controller "$tekton_version" "$tools/tekton" github.com/tektoncd/pipeline/cmd/controller
 build tekton-webhook "$tekton_version" "$tools/tekton" github.com/tektoncd/pipeline/cmd/webhook
 build kwok "$kwok_version" "$tools/kwok" sigs.k8s.io/kwok/cmd/kwok
+
+# The modules whose CRDs the deploy test installs before the release file (hack/crd-modules.txt):
+# only downloaded into the module cache, where the test finds them with go mod download -json.
+while read -r module _; do
+  case "$module" in '' | '#'*) continue ;; esac
+  (cd "$root" && go mod download "$module")
+done <"$root/hack/crd-modules.txt"
 echo "$out"

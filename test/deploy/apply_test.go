@@ -31,17 +31,89 @@ const fieldManager = "deploy-test"
 // changes nothing; and the objects fit together: the Deployment's ServiceAccount and the
 // bindings' subjects exist, and the metrics Service selects the controller's pods.
 func TestDefaultInstallsOnARealAPIServer(t *testing.T) {
-	cp, err := controlplane.Start(controlplane.WithoutGarbageCollector())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stopping the control plane: %v", err)
-		}
-	})
-	ctx := context.Background()
+	cp := startControlPlane(t)
 	objs := render(t, defaultDir)
+	applyAll(t, cp, objs)
+	checkInstalled(t, cp, objs, makeImageRepository(t))
+}
+
+// checkInstalled checks that objs, applied to the control plane, fit together: one Deployment,
+// the controller's, running image in every container under a ServiceAccount objs create; every
+// Service selecting its pods and targeting a port it has; every binding's role there, and its
+// ServiceAccounts too where they belong to the installation (in a namespace objs create).
+func checkInstalled(t *testing.T, cp *controlplane.ControlPlane, objs []*unstructured.Unstructured, image string) {
+	t.Helper()
+	ctx := context.Background()
+	get := func(obj client.Object, namespace, name string) bool {
+		t.Helper()
+		err := cp.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
+		if err != nil {
+			t.Errorf("%T %s/%s: %v", obj, namespace, name, err)
+		}
+		return err == nil
+	}
+	deployments := ofKind[appsv1.Deployment](t, objs, "Deployment")
+	if len(deployments) != 1 {
+		t.Fatalf("%d Deployments, want the controller's", len(deployments))
+	}
+	var controller appsv1.Deployment
+	if !get(&controller, deployments[0].Namespace, deployments[0].Name) {
+		t.FailNow()
+	}
+	if sa := controller.Spec.Template.Spec.ServiceAccountName; sa == "" || !get(&corev1.ServiceAccount{}, controller.Namespace, sa) {
+		t.Errorf("the controller runs as ServiceAccount %q, which is not installed", sa)
+	}
+	for _, c := range controller.Spec.Template.Spec.Containers {
+		if c.Image != image {
+			t.Errorf("container %s runs %s, not %s", c.Name, c.Image, image)
+		}
+	}
+	for _, s := range ofKind[corev1.Service](t, objs, "Service") {
+		if !labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(controller.Spec.Template.Labels)) {
+			t.Errorf("Service %s selects %v, not the controller's pods (%v)", s.Name, s.Spec.Selector, controller.Spec.Template.Labels)
+		}
+		for _, p := range s.Spec.Ports {
+			if !hasPort(controller.Spec.Template.Spec.Containers, p.TargetPort) {
+				t.Errorf("Service %s port %s targets %s, which no container of the controller has", s.Name, p.Name, p.TargetPort.String())
+			}
+		}
+	}
+	// A binding may name a ServiceAccount of another installation (config/prometheus binds
+	// Prometheus's); those in namespaces objs create must be objs' own.
+	own := map[string]bool{}
+	for _, o := range objs {
+		if o.GetKind() == "Namespace" {
+			own[o.GetName()] = true
+		}
+	}
+	subjects := func(where string, list []rbacv1.Subject) {
+		for _, s := range list {
+			if s.Kind == rbacv1.ServiceAccountKind && own[s.Namespace] && !get(&corev1.ServiceAccount{}, s.Namespace, s.Name) {
+				t.Errorf("%s binds ServiceAccount %s/%s, which is not installed", where, s.Namespace, s.Name)
+			}
+		}
+	}
+	for _, b := range ofKind[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding") {
+		subjects("ClusterRoleBinding "+b.Name, b.Subjects)
+		if b.RoleRef.Kind == "ClusterRole" {
+			get(&rbacv1.ClusterRole{}, "", b.RoleRef.Name)
+		}
+	}
+	for _, b := range ofKind[rbacv1.RoleBinding](t, objs, "RoleBinding") {
+		subjects("RoleBinding "+b.Name, b.Subjects)
+		if b.RoleRef.Kind == "Role" {
+			get(&rbacv1.Role{}, b.Namespace, b.RoleRef.Name)
+		}
+	}
+}
+
+// applyAll applies objs to the control plane as `kubectl apply --server-side` does (CRDs and
+// Namespaces first, strict field validation, each CRD established before what follows), then
+// applies them all again and fails on any that changed: a manifest that differs from what the
+// apiserver keeps is rewritten by every apply.
+func applyAll(t *testing.T, cp *controlplane.ControlPlane, objs []*unstructured.Unstructured) {
+	t.Helper()
+	ctx := context.Background()
 	// kubectl's order: CRDs and Namespaces before what lives in them.
 	first := func(o *unstructured.Unstructured) int {
 		switch o.GetKind() {
@@ -102,60 +174,6 @@ func TestDefaultInstallsOnARealAPIServer(t *testing.T) {
 	for _, o := range ordered {
 		if rv := apply(o).GetResourceVersion(); rv != versions[key(o)] {
 			t.Errorf("applying %s again changed it (resourceVersion %s → %s): the manifest differs from what the apiserver keeps, so every apply rewrites it", key(o), versions[key(o)], rv)
-		}
-	}
-
-	get := func(obj client.Object, namespace, name string) bool {
-		t.Helper()
-		err := cp.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
-		if err != nil {
-			t.Errorf("%T %s/%s: %v", obj, namespace, name, err)
-		}
-		return err == nil
-	}
-	deployments := ofKind[appsv1.Deployment](t, objs, "Deployment")
-	if len(deployments) != 1 {
-		t.Fatalf("config/default has %d Deployments, want the controller's", len(deployments))
-	}
-	var controller appsv1.Deployment
-	if !get(&controller, deployments[0].Namespace, deployments[0].Name) {
-		t.FailNow()
-	}
-	if sa := controller.Spec.Template.Spec.ServiceAccountName; sa == "" || !get(&corev1.ServiceAccount{}, controller.Namespace, sa) {
-		t.Errorf("the controller runs as ServiceAccount %q, which config/default does not create", sa)
-	}
-	for _, c := range controller.Spec.Template.Spec.Containers {
-		if want := makeImage(t); c.Image != want {
-			t.Errorf("container %s runs %s, not %s (make image)", c.Name, c.Image, want)
-		}
-	}
-	for _, s := range ofKind[corev1.Service](t, objs, "Service") {
-		if !labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(controller.Spec.Template.Labels)) {
-			t.Errorf("Service %s selects %v, not the controller's pods (%v)", s.Name, s.Spec.Selector, controller.Spec.Template.Labels)
-		}
-		for _, p := range s.Spec.Ports {
-			if !hasPort(controller.Spec.Template.Spec.Containers, p.TargetPort) {
-				t.Errorf("Service %s port %s targets %s, which no container of the controller has", s.Name, p.Name, p.TargetPort.String())
-			}
-		}
-	}
-	subjects := func(where string, list []rbacv1.Subject) {
-		for _, s := range list {
-			if s.Kind == rbacv1.ServiceAccountKind && !get(&corev1.ServiceAccount{}, s.Namespace, s.Name) {
-				t.Errorf("%s binds ServiceAccount %s/%s, which config/default does not create", where, s.Namespace, s.Name)
-			}
-		}
-	}
-	for _, b := range ofKind[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding") {
-		subjects("ClusterRoleBinding "+b.Name, b.Subjects)
-		if b.RoleRef.Kind == "ClusterRole" {
-			get(&rbacv1.ClusterRole{}, "", b.RoleRef.Name)
-		}
-	}
-	for _, b := range ofKind[rbacv1.RoleBinding](t, objs, "RoleBinding") {
-		subjects("RoleBinding "+b.Name, b.Subjects)
-		if b.RoleRef.Kind == "Role" {
-			get(&rbacv1.Role{}, b.Namespace, b.RoleRef.Name)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 // Package deploy installs berth as users do: the image `make image` builds, config/default
-// rendered by kustomize and applied to a real apiserver, and the alerts of config/prometheus
-// checked against the metrics berth really exports.
+// rendered by kustomize and applied to a real apiserver, the one file `make release` writes
+// applied likewise, and the alerts of config/prometheus checked against the metrics berth really
+// exports.
 package deploy
 
 import (
@@ -16,7 +17,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/kustomize/api/krusty"
+	kustypes "sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
 )
@@ -63,6 +66,32 @@ func renderDir(t *testing.T, dir string) []*unstructured.Unstructured {
 	return objs
 }
 
+// renderOverlay renders an operator's overlay of the checkout's kustomizations: resources and
+// components are directories of the checkout; images, the overlay's images entries.
+func renderOverlay(t *testing.T, resources, components []string, images ...kustypes.Image) []*unstructured.Unstructured {
+	t.Helper()
+	overlay := t.TempDir()
+	rel := func(dirs []string) []string {
+		var out []string
+		for _, dir := range dirs {
+			p, err := filepath.Rel(overlay, filepath.Join(repoRoot(t), dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	data, err := yaml.Marshal(kustypes.Kustomization{Resources: rel(resources), Components: rel(components), Images: images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return renderDir(t, overlay)
+}
+
 // ofKind decodes every object of a kind into T (through JSON, so that the types' own decoding
 // applies, as Tekton's params need).
 func ofKind[T any](t *testing.T, objs []*unstructured.Unstructured, kind string) []T {
@@ -85,8 +114,10 @@ func ofKind[T any](t *testing.T, objs []*unstructured.Unstructured, kind string)
 	return out
 }
 
-// makeImage is the image `make image` builds when not told otherwise: the Makefile's IMG.
-func makeImage(t *testing.T) string {
+// makeImageRepository is the repository of the image `make image` builds when not told
+// otherwise: the Makefile's IMG, which must tag it with the version (<repository>:$(VERSION)).
+// The manifests in config/ name that repository untagged; a release or an overlay pins it.
+func makeImageRepository(t *testing.T) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
 	if err != nil {
@@ -96,7 +127,11 @@ func makeImage(t *testing.T) string {
 	if m == nil {
 		t.Fatal("the Makefile sets no IMG ?= <image>")
 	}
-	return string(m[1])
+	repository, ok := strings.CutSuffix(string(m[1]), ":$(VERSION)")
+	if !ok || strings.ContainsAny(repository, "@$") {
+		t.Fatalf("the Makefile's IMG is %s, want <repository>:$(VERSION): an image's tag says which version it is", m[1])
+	}
+	return repository
 }
 
 // berthContainer is a container of the shipped manifests that runs berth's image: the
@@ -197,10 +232,11 @@ func (c berthContainer) commandLine() (subcommands, flags []string) {
 	return subcommands, flags
 }
 
-// Every image the manifests run is the one `make image` builds, so that what users install is
-// what the image test proves runs.
+// Every image the manifests run is the repository `make image` tags, untagged, so that the
+// release's images entry (or an overlay's) pins every one of them and what users install is what
+// the image test proves runs.
 func TestManifestsRunTheImageMakeImageBuilds(t *testing.T) {
-	want := makeImage(t)
+	want := makeImageRepository(t)
 	var containers []berthContainer
 	for _, dir := range []string{defaultDir, clusterTasks} {
 		containers = append(containers, berthContainers(t, render(t, dir))...)
@@ -210,7 +246,7 @@ func TestManifestsRunTheImageMakeImageBuilds(t *testing.T) {
 	}
 	for _, c := range containers {
 		if c.image != want {
-			t.Errorf("%s runs %q, not %q (make image)", c.where, c.image, want)
+			t.Errorf("%s runs %q, not %q (make image's repository, untagged)", c.where, c.image, want)
 		}
 	}
 }
@@ -218,17 +254,8 @@ func TestManifestsRunTheImageMakeImageBuilds(t *testing.T) {
 // An overlay's images entry, the usual way to install a build of one's own, renames berth's
 // image in the Tasks' steps as well as in the Deployment.
 func TestOverlayRenamesTheImageEverywhere(t *testing.T) {
-	overlay := t.TempDir()
-	base, err := filepath.Rel(overlay, filepath.Join(repoRoot(t), defaultDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, _, _ := strings.Cut(makeImage(t), ":")
-	kustomization := fmt.Sprintf("resources:\n  - %s\nimages:\n  - name: %s\n    newName: registry.example.com/berth\n    newTag: v1\n", base, name)
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range berthContainers(t, renderDir(t, overlay)) {
+	renamed := kustypes.Image{Name: makeImageRepository(t), NewName: "registry.example.com/berth", NewTag: "v1"}
+	for _, c := range berthContainers(t, renderOverlay(t, []string{defaultDir}, nil, renamed)) {
 		if c.image != "registry.example.com/berth:v1" {
 			t.Errorf("%s still runs %s", c.where, c.image)
 		}

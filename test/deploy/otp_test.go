@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -26,19 +24,7 @@ import (
 // secrets reaches the key server through its Service, the certificate mounted is the one
 // cert-manager issues for that URL's host, and the controller takes every flag it is given.
 func TestOTPComponentFitsTogether(t *testing.T) {
-	overlay := t.TempDir()
-	rel := func(dir string) string {
-		p, err := filepath.Rel(overlay, filepath.Join(repoRoot(t), dir))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	kustomization := fmt.Sprintf("resources:\n  - %s\n  - %s\ncomponents:\n  - %s\n", rel(defaultDir), rel("config/certmanager"), rel("config/otp"))
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	objs := renderDir(t, overlay)
+	objs := renderOverlay(t, []string{defaultDir, certManagerDir}, []string{"config/otp"})
 	deployments := strictly[appsv1.Deployment](t, objs, "Deployment")
 	if len(deployments) != 1 {
 		t.Fatalf("%d Deployments, want the controller's", len(deployments))

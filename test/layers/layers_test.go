@@ -40,7 +40,7 @@ var layers = []layer{
 		"internal/cloud/ibmz/...", "internal/cloud/ibmiam/...", "internal/hostops/...",
 		"internal/hostkeys/...", "internal/provision/...", "internal/incident/...",
 		"internal/taskgen/...", "internal/status/...", "internal/otp/keyserver/...",
-		"internal/hostconfig/...", "internal/adminkeys/...",
+		"internal/hostconfig/...", "internal/adminkeys/...", "internal/version/...",
 	}},
 	// What the owners share: the ledger and its wake-ups.
 	{name: "capacity", units: []unit{"internal/controller/capacity/..."}},
@@ -63,7 +63,7 @@ var layers = []layer{
 	}},
 	{name: "dev stack", units: []unit{"internal/dev/devstack/..."}},
 	{name: "dev harness", units: []unit{"internal/dev/testground/stacktest/...", "internal/dev/bench/..."}},
-	{name: "dev commands", units: []unit{"internal/dev/devcli/...", "cmd/berth-dev/..."}},
+	{name: "dev commands", units: []unit{"internal/dev/devcli/...", "cmd/berth-dev/...", "hack/release/..."}},
 	{name: "tests", units: []unit{"test/..."}},
 }
 

@@ -290,16 +290,23 @@ func FinishAllOnFailure(t *testing.T, s *devstack.Stack, ns string) {
 // keeping the last good one. Without reasons it waits for ConfigApplied.
 func ApplyConfig(t *testing.T, s *devstack.Stack, data map[string]string, reasons ...string) {
 	t.Helper()
-	if len(reasons) == 0 {
-		reasons = []string{"ConfigApplied"}
-	}
 	rv, err := s.ApplyHostConfig(context.Background(), data)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ConfigJudged(t, s.ControlPlane.Client, devstack.Namespace, rv, reasons...)
+}
+
+// ConfigJudged waits until the controller of namespace has judged the host config written as
+// resourceVersion rv: an Event of one of reasons (ConfigApplied without any) names that version.
+func ConfigJudged(t *testing.T, c client.Reader, namespace, rv string, reasons ...string) {
+	t.Helper()
+	if len(reasons) == 0 {
+		reasons = []string{"ConfigApplied"}
+	}
 	Eventually(t, "config "+rv+" is judged ("+strings.Join(reasons, " or ")+")", func() (bool, error) {
 		var events eventsv1.EventList
-		if err := s.ControlPlane.Client.List(context.Background(), &events, client.InNamespace(devstack.Namespace)); err != nil {
+		if err := c.List(context.Background(), &events, client.InNamespace(namespace)); err != nil {
 			return false, err
 		}
 		for _, e := range events.Items {

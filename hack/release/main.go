@@ -1,0 +1,133 @@
+// Command release writes berth's install file: the kustomization config/release rendered into
+// one file, in the order kubectl applies it, with berth's image pinned by its version and by the
+// manifest digest of the image archive `make release` saved beside it. `make release` runs it
+// (go run ./hack/release); docs/install.md#release says what it makes.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sigs.k8s.io/kustomize/api/krusty"
+	kustypes "sigs.k8s.io/kustomize/api/types"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/berth-ci/berth/hack/release/ociarchive"
+)
+
+// configImage is the name config/ gives berth's image (the Deployment and the Tasks' steps),
+// untagged: what installs is always pinned by a release or an overlay.
+const configImage = "ghcr.io/berth-ci/berth"
+
+func main() {
+	image := flag.String("image", "", "the image the archive holds, <repository>:<version> (make release's IMG)")
+	archive := flag.String("archive", "", "the image as an OCI archive (podman save --format oci-archive)")
+	output := flag.String("output", "", "the install file to write")
+	config := flag.String("config", "config/release", "the kustomization to render")
+	flag.Parse()
+	if *image == "" || *archive == "" || *output == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: release --image <repository>:<version> --archive <file>.oci.tar --output <file>.yaml [--config <dir>]")
+		os.Exit(2)
+	}
+	if err := run(*image, *archive, *output, *config); err != nil {
+		fmt.Fprintf(os.Stderr, "release: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(image, archive, output, config string) error {
+	repository, version, err := splitImage(image)
+	if err != nil {
+		return err
+	}
+	digest, err := ociarchive.ManifestDigest(archive, image)
+	if err != nil {
+		return err
+	}
+	pinned := kustypes.Image{Name: configImage, NewName: repository, NewTag: version, Digest: digest}
+	rendered, err := render(config, pinned)
+	if err != nil {
+		return err
+	}
+	header := fmt.Sprintf("# berth %s, everything of it in one file (config/release).\n"+
+		"# Needs Tekton Pipelines, cert-manager and the Prometheus Operator's CRDs; then:\n"+
+		"#   kubectl apply --server-side -f %s\n"+
+		"# Image: %s:%s@%s\n", version, filepath.Base(output), repository, version, digest)
+	if err := writeFile(output, append([]byte(header), rendered...)); err != nil {
+		return err
+	}
+	fmt.Printf("image archive  %s\ninstall file   %s\nimage          %s:%s@%s\n", archive, output, repository, version, digest)
+	return nil
+}
+
+// splitImage splits <repository>:<tag>; a registry's port is part of the repository.
+func splitImage(image string) (repository, tag string, err error) {
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") || strings.Contains(image, "@") || i == len(image)-1 {
+		return "", "", fmt.Errorf("image %q is not <repository>:<tag>", image)
+	}
+	return image[:i], image[i+1:], nil
+}
+
+// render builds config with an images entry that pins berth's image: an overlay of config in
+// a temporary directory, as a user's overlay would be. Objects come in kustomize's legacy order,
+// the one kubectl needs: the Namespace and CRDs first, the webhook registrations last.
+func render(config string, pinned kustypes.Image) ([]byte, error) {
+	abs, err := filepath.Abs(config)
+	if err != nil {
+		return nil, err
+	}
+	overlay, err := os.MkdirTemp("", "berth-release-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(overlay)
+	base, err := filepath.Rel(overlay, abs)
+	if err != nil {
+		return nil, err
+	}
+	k := kustypes.Kustomization{
+		TypeMeta:  kustypes.TypeMeta{APIVersion: kustypes.KustomizationVersion, Kind: kustypes.KustomizationKind},
+		Resources: []string{base},
+		Images:    []kustypes.Image{pinned},
+	}
+	data, err := yaml.Marshal(k)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), data, 0o644); err != nil {
+		return nil, err
+	}
+	opts := krusty.MakeDefaultOptions()
+	opts.Reorder = krusty.ReorderOptionLegacy
+	resources, err := krusty.MakeKustomizer(opts).Run(filesys.MakeFsOnDisk(), overlay)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build %s: %w", config, err)
+	}
+	return resources.AsYaml()
+}
+
+// writeFile replaces path whole, never leaving half a file behind.
+func writeFile(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
