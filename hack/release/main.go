@@ -27,19 +27,20 @@ func main() {
 	image := flag.String("image", "", "the image the archive holds, <repository>:<version> (make release's IMG)")
 	archive := flag.String("archive", "", "the image as an OCI archive (podman save --format oci-archive)")
 	output := flag.String("output", "", "the install file to write")
+	clusterTasks := flag.String("cluster-tasks-output", "", "where to write the tenants' ephemeral-cluster Tasks (config/tasks/cluster), their image param pinned")
 	config := flag.String("config", "config/release", "the kustomization to render")
 	flag.Parse()
-	if *image == "" || *archive == "" || *output == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: release --image <repository>:<version> --archive <file>.oci.tar --output <file>.yaml [--config <dir>]")
+	if *image == "" || *archive == "" || *output == "" || *clusterTasks == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: release --image <repository>:<version> --archive <file>.oci.tar --output <file>.yaml --cluster-tasks-output <file>.yaml [--config <dir>]")
 		os.Exit(2)
 	}
-	if err := run(*image, *archive, *output, *config); err != nil {
+	if err := run(*image, *archive, *output, *clusterTasks, *config); err != nil {
 		fmt.Fprintf(os.Stderr, "release: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(image, archive, output, config string) error {
+func run(image, archive, output, clusterTasks, config string) error {
 	repository, version, err := splitImage(image)
 	if err != nil {
 		return err
@@ -60,8 +61,55 @@ func run(image, archive, output, config string) error {
 	if err := writeFile(output, append([]byte(header), rendered...)); err != nil {
 		return err
 	}
-	fmt.Printf("image archive  %s\ninstall file   %s\nimage          %s:%s@%s\n", archive, output, repository, version, digest)
+	tasks, err := pinTaskImages(clusterTasksDir, fmt.Sprintf("%s:%s@%s", repository, version, digest))
+	if err != nil {
+		return err
+	}
+	tasksHeader := fmt.Sprintf("# berth %s: the Tasks integration pipelines use for ephemeral clusters (config/tasks/cluster).\n"+
+		"# They run in a tenant's namespace:\n#   kubectl apply -n <namespace> -f %s\n", version, filepath.Base(clusterTasks))
+	if err := writeFile(clusterTasks, append([]byte(tasksHeader), tasks...)); err != nil {
+		return err
+	}
+	fmt.Printf("image archive  %s\ninstall file   %s\ncluster tasks  %s\nimage          %s:%s@%s\n", archive, output, clusterTasks, repository, version, digest)
 	return nil
+}
+
+// clusterTasksDir holds the Tasks tenants install in their own namespaces. Their steps run the
+// image their param image names, so kustomize's images entry, which rewrites image fields, does
+// not reach it: pinTaskImages sets the param's default.
+const clusterTasksDir = "config/tasks/cluster"
+
+// pinTaskImages renders dir and sets the default of every Task's param image to pinned.
+func pinTaskImages(dir, pinned string) ([]byte, error) {
+	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
+	}
+	var out []byte
+	for _, r := range resources.Resources() {
+		m, err := r.Map()
+		if err != nil {
+			return nil, err
+		}
+		if r.GetKind() == "Task" {
+			params, _ := m["spec"].(map[string]any)["params"].([]any)
+			found := false
+			for _, p := range params {
+				if p, ok := p.(map[string]any); ok && p["name"] == "image" {
+					p["default"], found = pinned, true
+				}
+			}
+			if !found {
+				return nil, fmt.Errorf("%s: Task %s has no param image to pin", dir, r.GetName())
+			}
+		}
+		data, err := yaml.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(append(out, "---\n"...), data...)
+	}
+	return out, nil
 }
 
 // splitImage splits <repository>:<tag>; a registry's port is part of the repository.

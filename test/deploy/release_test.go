@@ -3,6 +3,7 @@ package deploy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -61,13 +63,60 @@ func TestReleaseInstallsOnARealAPIServer(t *testing.T) {
 	applyAll(t, cp, objs)
 	checkInstalled(t, cp, objs, want)
 	checkCertificatesIssued(t, objs)
+	checkClusterTasks(t, cp, rel.clusterTasks, want)
 	serveOnEachStrategy(t, cp, objs)
+}
+
+// checkClusterTasks checks the tenants' Tasks make release wrote beside the install file: every
+// Task of config/tasks/cluster, each running the pinned image by its param image's default
+// (which kustomize's images entry does not reach), and valid to the apiserver in a tenant's
+// namespace (kubectl apply -n <namespace> -f, as the file's header says).
+func checkClusterTasks(t *testing.T, cp *controlplane.ControlPlane, path, want string) {
+	t.Helper()
+	objs := readManifests(t, path)
+	tasks := 0
+	for _, o := range render(t, clusterTasks) {
+		if o.GetKind() == "Task" {
+			tasks++
+		}
+	}
+	pinned := 0
+	for _, task := range ofKind[pipelinev1.Task](t, objs, "Task") {
+		for _, p := range task.Spec.Params {
+			if p.Name != "image" {
+				continue
+			}
+			if p.Default == nil {
+				t.Errorf("Task %s: param image has no default, want %s", task.Name, want)
+			} else if p.Default.StringVal != want {
+				t.Errorf("Task %s: param image defaults to %s, want %s", task.Name, p.Default.StringVal, want)
+			} else {
+				pinned++
+			}
+		}
+	}
+	if tasks == 0 || pinned != tasks {
+		t.Errorf("%s pins %d Tasks' image, config/tasks/cluster has %d Tasks", filepath.Base(path), pinned, tasks)
+	}
+	const tenant = "release-cluster-tasks"
+	if err := cp.EnsureNamespace(context.Background(), tenant); err != nil {
+		t.Fatal(err)
+	}
+	var inTenant []*unstructured.Unstructured
+	for _, o := range objs {
+		o = o.DeepCopy()
+		if o.GetKind() != "ClusterRole" {
+			o.SetNamespace(tenant)
+		}
+		inTenant = append(inTenant, o)
+	}
+	applyAll(t, cp, inTenant)
 }
 
 // release is what `make release` made.
 type release struct {
-	version, digest, image string // the image as the install file pins it
-	archive, file          string
+	version, digest, image      string // the image as the install file pins it
+	archive, file, clusterTasks string
 }
 
 // makeRelease runs `make release` into a temporary DIST, as a release is made, and reads what it
@@ -85,7 +134,7 @@ func makeRelease(t *testing.T) release {
 	}
 	printed := map[string]string{}
 	for _, line := range strings.Split(stdout.String(), "\n") {
-		for _, key := range []string{"image archive", "install file", "image"} {
+		for _, key := range []string{"image archive", "install file", "cluster tasks", "image"} {
 			if v, ok := strings.CutPrefix(line, key+" "); ok && printed[key] == "" {
 				printed[key] = strings.TrimSpace(v)
 				break
@@ -93,10 +142,10 @@ func makeRelease(t *testing.T) release {
 		}
 	}
 	var r release
-	r.archive, r.file, r.image = printed["image archive"], printed["install file"], printed["image"]
+	r.archive, r.file, r.clusterTasks, r.image = printed["image archive"], printed["install file"], printed["cluster tasks"], printed["image"]
 	m := regexp.MustCompile(`^(.+):([^:/@]+)@(sha256:[0-9a-f]{64})$`).FindStringSubmatch(r.image)
-	if m == nil || r.archive == "" || r.file == "" {
-		t.Fatalf("make release printed no archive, file and pinned image:\n%s", stdout.String())
+	if m == nil || r.archive == "" || r.file == "" || r.clusterTasks == "" {
+		t.Fatalf("make release printed no archive, file, cluster Tasks and pinned image:\n%s", stdout.String())
 	}
 	r.version, r.digest = m[2], m[3]
 	t.Cleanup(func() {
@@ -107,7 +156,7 @@ func makeRelease(t *testing.T) release {
 	})
 	t.Logf("make release: %s, %s, %s", r.archive, r.file, r.image)
 
-	// The version is what git says this checkout is; the two files are named after it and are
+	// The version is what git says this checkout is; the three files are named after it and are
 	// all that DIST holds.
 	describe, err := exec.Command("git", "-C", repoRoot(t), "describe", "--tags", "--always", "--dirty").Output()
 	if err != nil {
@@ -116,8 +165,8 @@ func makeRelease(t *testing.T) release {
 	if got := strings.TrimSpace(string(describe)); r.version != got {
 		t.Errorf("make release made version %s; git describe --tags --always --dirty says %s", r.version, got)
 	}
-	wantFiles := []string{"berth-" + r.version + ".oci.tar", "berth-" + r.version + ".yaml"}
-	for i, path := range []string{r.archive, r.file} {
+	wantFiles := []string{"berth-" + r.version + "-cluster-tasks.yaml", "berth-" + r.version + ".oci.tar", "berth-" + r.version + ".yaml"}
+	for i, path := range []string{r.clusterTasks, r.archive, r.file} {
 		if filepath.Dir(path) != dist || filepath.Base(path) != wantFiles[i] {
 			t.Errorf("make release wrote %s, want %s", path, filepath.Join(dist, wantFiles[i]))
 		}
