@@ -27,7 +27,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/yaml"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
@@ -379,18 +378,7 @@ func servedElsewhere(t *testing.T, ns, name string) oldTask {
 // Deployment's readiness probe asks.
 func startBerth(t *testing.T, logPath string) *exec.Cmd {
 	t.Helper()
-	root, err := repo.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(filepath.Join(root, "config", "manager", "deployment.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d appsv1.Deployment
-	if err := yaml.UnmarshalStrict(data, &d); err != nil {
-		t.Fatal(err)
-	}
+	d := stacktest.ShippedController(t)
 	c := d.Spec.Template.Spec.Containers[0]
 	if !slices.Equal(c.Command, []string{"berth", "controller"}) {
 		t.Fatalf("the Deployment runs %q, not berth controller", c.Command)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/pprof/profile"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/validation"
@@ -21,12 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/bench"
 	"github.com/berth-ci/berth/internal/dev/devstack"
-	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 )
 
@@ -439,18 +436,7 @@ func onWire(s *profile.Sample) bool {
 // Deployment (config/manager).
 func shippedMemoryLimitMiB(t *testing.T) int64 {
 	t.Helper()
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(filepath.Join(root, "config", "manager", "deployment.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d appsv1.Deployment
-	if err := yaml.Unmarshal(data, &d); err != nil {
-		t.Fatalf("config/manager/deployment.yaml: %v", err)
-	}
+	d := stacktest.ShippedController(t)
 	for _, c := range d.Spec.Template.Spec.Containers {
 		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
 			return q.Value() >> 20

@@ -20,12 +20,14 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/yaml"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/cli"
@@ -444,4 +446,24 @@ func BuildBerth(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return bin
+}
+
+// ShippedController is the controller's Deployment as config/manager ships it, decoded strictly
+// (a field the Deployment type lacks is an error), for tests that run or size berth as it runs.
+func ShippedController(t *testing.T) appsv1.Deployment {
+	t.Helper()
+	root, err := repo.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(root, "config", "manager", "deployment.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := yaml.UnmarshalStrict(data, &d); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return d
 }
