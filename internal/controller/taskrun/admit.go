@@ -113,10 +113,8 @@ func (ap *admitPhase) serveLocally(ctx context.Context, tr *pipelinev1.TaskRun) 
 	if node, ok := localaffinity.NodeOf(platform); ok && !localaffinity.Enforced(localaffinity.Of(tr), node) {
 		err := ap.secrets.fail(ctx, tr, "LocalAffinityMissing", fmt.Sprintf(
 			"platform %s is local, so this task builds in its own pod, which must run on a %s/%s node; but the TaskRun's spec.podTemplate does not require %s=%s and %s=%s in every required node selector term, so the pod could run on a node of another architecture and build for it. berth's admission webhook adds that requirement when a TaskRun is created: it was not running when this one was, or the requirement was changed. Re-run the task; if this happens again, ask the platform team to check that berth's webhook is running (MutatingWebhookConfiguration %s).",
-			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, localaffinity.WebhookName))
-		if err == nil {
-			localAffinityMissing.WithLabelValues(platform).Inc()
-		}
+			platform, node.OS, node.Arch, corev1.LabelArchStable, node.Arch, corev1.LabelOSStable, node.OS, localaffinity.WebhookName),
+			localAffinityMissing.WithLabelValues(platform))
 		return err
 	}
 	if err := ap.secrets.write(ctx, tr, tasksecret.ForLocal(ownerOf(tr))); err != nil {

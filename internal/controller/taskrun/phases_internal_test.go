@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/crypto/ssh"
@@ -1075,6 +1077,56 @@ func TestAFailedSecretWriteNeverMakesASecondUser(t *testing.T) {
 	user, _ := h.handedOver(tr)
 	if user != hostops.UserName(string(tr.UID), 1) || len(h.prov.Started()) != 1 {
 		t.Errorf("served as %s after host jobs %v, want attempt 1 made once", user, h.hostJobs())
+	}
+}
+
+// TestAnErrorSeenLateIsToldOnce: a reconcile that runs before the cache has the task's error
+// secret answers the task again; the answer in place is kept, and the task is counted and told
+// once (berth_error_secrets_total, a reason's own counter such as
+// berth_local_affinity_missing_total, and the Event), not once per stale read.
+func TestAnErrorSeenLateIsToldOnce(t *testing.T) {
+	lagging := false
+	faults := &interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if _, ok := obj.(*corev1.Secret); ok && key.Namespace == tenantNS && lagging {
+			return apierrors.NewNotFound(corev1.Resource("secrets"), key.Name)
+		}
+		return c.Get(ctx, key, obj, opts...)
+	}}
+	h := &harness{t: t, api: newAPIServer(), events: &eventLog{}, cfg: hostsConfig(1, "h1"), faults: faults}
+	h.start()
+	counters := map[string]prometheus.Counter{
+		"UnknownPlatform":      errorSecrets.WithLabelValues("UnknownPlatform"),
+		"LocalAffinityMissing": errorSecrets.WithLabelValues("LocalAffinityMissing"),
+		"local affinity":       localAffinityMissing.WithLabelValues(amd64),
+	}
+	before := map[string]float64{}
+	for name, c := range counters {
+		before[name] = testutil.ToFloat64(c)
+	}
+	tasks := map[string]string{"refused": "UnknownPlatform", "unpinned": "LocalAffinityMissing"}
+	h.create(userTaskRun("refused", "linux/riscv64"))
+	h.create(userTaskRun("unpinned", amd64)) // no webhook pinned its pod to amd64 nodes
+	h.settle()
+	first := map[string]types.UID{}
+	for name := range tasks {
+		first[name] = h.secret(name).UID
+	}
+	lagging = true
+	h.enqueue("refused", "unpinned")
+	h.settle()
+	lagging = false
+	for name, reason := range tasks {
+		if now := h.secret(name); now.UID != first[name] {
+			t.Errorf("%s: the error secret was written again (uid %s → %s)", name, first[name], now.UID)
+		}
+		if e := h.events.on("TaskRun", tenantNS, name, reason); len(e) != 1 {
+			t.Errorf("%s: want one %s Event, got %+v", name, reason, e)
+		}
+	}
+	for name, c := range counters {
+		if got := testutil.ToFloat64(c) - before[name]; got != 1 {
+			t.Errorf("counter %s grew by %v, want 1", name, got)
+		}
 	}
 }
 

@@ -3,10 +3,13 @@ package taskrun
 // The task's secret: written, answered with an error, or deleted, only when berth owns it.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
+	"github.com/prometheus/client_golang/prometheus"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,39 +33,61 @@ type taskSecrets struct {
 	mirror    *taskMirror
 }
 
-// fail answers the task with an error secret it prints before it exits.
-func (ts *taskSecrets) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string) error {
-	if err := ts.write(ctx, tr, tasksecret.ForError(ownerOf(tr), message)); err != nil {
+// fail answers the task with an error secret it prints before it exits, and counts it in
+// berth_error_secrets_total and in also, the reason's own counters, when it wrote the secret.
+func (ts *taskSecrets) fail(ctx context.Context, tr *pipelinev1.TaskRun, reason, message string, also ...prometheus.Counter) error {
+	written, err := ts.put(ctx, tr, tasksecret.ForError(ownerOf(tr), message))
+	if err != nil {
 		return err
 	}
-	errorSecrets.WithLabelValues(reason).Inc()
-	tell(ctx, ts.recorder, tr, "", corev1.EventTypeWarning, reason, "%s", message)
+	// A reconcile that ran before the cache saw the secret finds this very answer there
+	// already: the task was counted and told then.
+	if written {
+		errorSecrets.WithLabelValues(reason).Inc()
+		for _, c := range also {
+			c.Inc()
+		}
+		tell(ctx, ts.recorder, tr, "", corev1.EventTypeWarning, reason, "%s", message)
+	}
 	return ts.mirror.patch(ctx, tr, mirrorState{platform: contract.Platform(tr)})
 }
 
-// write creates the task's secret, or replaces one berth wrote earlier for this same
-// TaskRun (delete, then create: berth never needs to update a secret). A secret of that name
-// that berth did not write for this TaskRun is left alone and reported.
+// write is put, for callers to whom an answer already in place is as good as one written.
 func (ts *taskSecrets) write(ctx context.Context, tr *pipelinev1.TaskRun, s *corev1.Secret) error {
+	_, err := ts.put(ctx, tr, s)
+	return err
+}
+
+// put creates the task's secret, or replaces one berth wrote earlier for this same TaskRun
+// (delete, then create: berth never needs to update a secret), and says whether it wrote one.
+// One that berth wrote for this TaskRun with the same data and its label intact is the answer
+// already (a reconcile on a cache behind berth's own create gets here): it is kept, and put
+// writes nothing. A secret of that name that berth did not write for this TaskRun is left
+// alone and reported.
+func (ts *taskSecrets) put(ctx context.Context, tr *pipelinev1.TaskRun, s *corev1.Secret) (bool, error) {
 	err := ts.client.Create(ctx, s)
 	if !apierrors.IsAlreadyExists(err) {
-		return err
+		return err == nil, err
 	}
 	var existing corev1.Secret
 	if err := ts.apiReader.Get(ctx, client.ObjectKeyFromObject(s), &existing); err != nil {
 		if apierrors.IsNotFound(err) {
-			return errStale
+			return false, errStale
 		}
-		return err
+		return false, err
 	}
 	if !ownedBy(&existing, tr.UID) {
 		tell(ctx, ts.recorder, tr, "", corev1.EventTypeWarning, "SecretConflict", "a secret named %s exists that berth did not write for this TaskRun; delete it so berth can answer the task", s.Name)
-		return fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
+		return false, fmt.Errorf("secret %s/%s exists and is not berth's", s.Namespace, s.Name)
+	}
+	if existing.Type == s.Type && existing.Labels[contract.SecretLabel] == s.Labels[contract.SecretLabel] && maps.EqualFunc(existing.Data, s.Data, bytes.Equal) {
+		return false, nil
 	}
 	if err := ts.client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID, ResourceVersion: &existing.ResourceVersion}); client.IgnoreNotFound(err) != nil {
-		return err
+		return false, err
 	}
-	return ts.client.Create(ctx, s)
+	err = ts.client.Create(ctx, s)
+	return err == nil, err
 }
 
 // delete removes the task's secret if berth wrote it for that TaskRun; any other secret
