@@ -33,6 +33,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/dev/devstack"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
@@ -59,26 +60,16 @@ func berthBinary(t *testing.T) string {
 	t.Helper()
 	dir := os.Getenv(repo.BinDirEnv)
 	if dir == "" {
-		skipOutsideCI(t, repo.BinDirEnv+" is not set: run `make build` and set it to bin/, where bin/berth is")
+		missing.Skip(t, repo.BinDirEnv+" is not set: run `make build` and set it to bin/, where bin/berth is")
 	}
 	bin, err := filepath.Abs(filepath.Join(dir, "berth"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st, err := os.Stat(bin); err != nil || st.Mode()&0o111 == 0 {
-		skipOutsideCI(t, fmt.Sprintf("no executable %s (make build): %v", bin, err))
+		missing.Skip(t, fmt.Sprintf("no executable %s (make build): %v", bin, err))
 	}
 	return bin
-}
-
-// skipOutsideCI skips the test for want of something the machine lacks; in CI (CI=true), which
-// has everything, a skip would hide that the test did not run, so it fails.
-func skipOutsideCI(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
 }
 
 // controllerOf finds the Deployment in objs that runs `berth controller`, and that container.
@@ -578,7 +569,7 @@ func inOwnNetwork(t *testing.T) (parent bool) {
 		return false
 	}
 	if os.Geteuid() != 0 {
-		skipOutsideCI(t, "this test runs in a network namespace of its own, which takes root")
+		missing.Skip(t, "this test runs in a network namespace of its own, which takes root")
 	}
 	exe, err := os.Executable()
 	if err != nil {

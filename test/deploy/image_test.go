@@ -21,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 )
 
 // What the Containerfile puts in the image.
@@ -152,23 +154,23 @@ func TestImageRunsTheShippedCommands(t *testing.T) {
 // it in CI (CI=true), which must never pass by skipping.
 func needImageTools(t *testing.T) {
 	t.Helper()
-	var missing []string
+	var lacks []string
 	if os.Geteuid() != 0 {
-		missing = append(missing, "root (podman builds and runs the image rootful; run the tests as root, as CI does)")
+		lacks = append(lacks, "root (podman builds and runs the image rootful; run the tests as root, as CI does)")
 	}
 	for _, tool := range []string{"podman", "runc"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool+" (make prereqs installs it as root, or apt-get install "+tool+")")
+			lacks = append(lacks, tool+" (make prereqs installs it as root, or apt-get install "+tool+")")
 		}
 	}
 	if _, err := os.Stat("/" + caPath); err != nil {
-		missing = append(missing, "/"+caPath+" (apt-get install ca-certificates)")
+		lacks = append(lacks, "/"+caPath+" (apt-get install ca-certificates)")
 	}
-	if len(missing) == 0 {
+	if len(lacks) == 0 {
 		return
 	}
-	msg := "building and running berth's image needs " + strings.Join(missing, ", ")
-	skipOutsideCI(t, msg)
+	msg := "building and running berth's image needs " + strings.Join(lacks, ", ")
+	missing.Skip(t, msg)
 }
 
 // runImage runs the image as the kubelet would run container c: its command (if any) in place

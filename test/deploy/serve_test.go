@@ -34,6 +34,7 @@ import (
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/ec2fake"
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/dev/testground/tektonstandin"
@@ -59,7 +60,7 @@ func needServeParts(t *testing.T) {
 	t.Helper()
 	berthBinary(t)
 	if err := sshhosts.Prerequisites(); err != nil {
-		skipOutsideCI(t, fmt.Sprintf("the SSH hosts need %v", err))
+		missing.Skip(t, fmt.Sprintf("the SSH hosts need %v", err))
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
 )
 
@@ -327,10 +328,7 @@ func TestDevOnceRunsTheSamples(t *testing.T) {
 func buildBerthDev(t *testing.T) (root, bin string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the dev stack's SSH hosts need root; CI runs as root")
-		}
-		t.Skip("the dev stack's SSH hosts need root")
+		missing.Skip(t, "the dev stack's SSH hosts need root")
 	}
 	root, err := controlplane.RepoRoot()
 	if err != nil {

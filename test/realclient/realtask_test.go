@@ -18,6 +18,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/realdata"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
@@ -51,7 +52,7 @@ type realTaskRun struct {
 // slot, and the VM is terminated.
 func TestRealBuildahRemoteBuildsRemotely(t *testing.T) {
 	if err := sshhosts.BuildPrerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	task, err := realdata.Task("buildah-remote-0.10.yaml")
 	if err != nil {

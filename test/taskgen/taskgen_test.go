@@ -28,6 +28,7 @@ import (
 	"github.com/berth-ci/berth/internal/cli"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
@@ -53,7 +54,7 @@ func TestMain(m *testing.M) { os.Exit(stacktest.Main(m, &stack, 1, stacktest.Opt
 
 func TestBuildStepRunsOnTheHostAsTheBuildUser(t *testing.T) {
 	if err := sshhosts.BuildPrerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	ns := setUp(t)
 	tr := run(t, ns, remotePlatform)
@@ -132,7 +133,7 @@ func TestErrorSecretFailsTheStep(t *testing.T) {
 // so before it touches the host.
 func TestOTPBuildStepRedeemsTheKeyOnce(t *testing.T) {
 	if err := sshhosts.BuildPrerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	stacktest.OTPController(t, stack, stacktest.Options())
 	ns := setUp(t, addRetry)
@@ -429,12 +430,4 @@ func create(t *testing.T, obj client.Object) {
 	if err := stack.ControlPlane.Client.Create(context.Background(), obj); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func skipOrFail(t *testing.T, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(err)
-	}
-	t.Skip(err)
 }

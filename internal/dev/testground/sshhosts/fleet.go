@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 )
 
 // Fleet is a set of hosts started together; they share one admin key.
@@ -226,7 +228,7 @@ func Prerequisites() error {
 func StartForTest(t testing.TB, n int) *Fleet {
 	t.Helper()
 	if err := Prerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -243,14 +245,6 @@ func StartForTest(t testing.TB, n int) *Fleet {
 		}
 	})
 	return f
-}
-
-func skipOrFail(t testing.TB, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(err)
-	}
-	t.Skip(err)
 }
 
 // LogTails logs the end of each host's sshd log to t, which is where a refused login
@@ -283,7 +277,7 @@ func Shared(t testing.TB, n int) *Fleet {
 		}
 	}
 	if sharedHosts.err != nil {
-		skipOrFail(t, sharedHosts.err)
+		missing.Skip(t, sharedHosts.err)
 	}
 	f := sharedHosts.fleet
 	if len(f.Hosts) < n {

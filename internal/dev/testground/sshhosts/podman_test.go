@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/remote"
 	"golang.org/x/crypto/ssh"
 )
@@ -143,7 +144,7 @@ func TestPodmanStandInIsOnlyOnHosts(t *testing.T) {
 
 func TestPodmanStandInBuildsAsTheUser(t *testing.T) {
 	if err := BuildPrerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	f := sharedFleet(t)
 	h := f.Hosts[0]
@@ -202,7 +203,7 @@ buildah --storage-driver vfs --root "$s/root" --runroot "$s/run" pull --quiet "o
 
 func TestPodmanStandInRefusesWrongInvocations(t *testing.T) {
 	if err := BuildPrerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	f := sharedFleet(t)
 	h := f.Hosts[1]
@@ -260,7 +261,7 @@ func TestPodmanStandInRefusesWrongInvocations(t *testing.T) {
 // podman's.
 func TestPodmanStandInRunsContainers(t *testing.T) {
 	if err := BuildPrerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	f := sharedFleet(t)
 	h := f.Hosts[0]

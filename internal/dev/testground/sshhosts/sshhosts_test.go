@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 )
 
 // The package's tests share one fleet of two hosts (Shared); the tests that need a fleet of
@@ -265,7 +267,7 @@ func processesInNetns(ino uint64) []string {
 
 func TestCloseRemovesEverything(t *testing.T) {
 	if err := Prerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	ctx := testContext(t)
 	f, err := Start(ctx, 1)
@@ -318,7 +320,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 
 func TestLeftoversOfDeadOwnerAreReclaimed(t *testing.T) {
 	if err := Prerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	ctx := testContext(t)
 	if err := os.MkdirAll(stateDir, 0o755); err != nil {
@@ -446,7 +448,7 @@ func TestVarLibBerthIsPrivateToEachHost(t *testing.T) {
 
 func TestStartHostAloneWithGivenAdminKey(t *testing.T) {
 	if err := Prerequisites(); err != nil {
-		skipOrFail(t, err)
+		missing.Skip(t, err)
 	}
 	ctx := testContext(t)
 	admin, _, err := newAdminKey()

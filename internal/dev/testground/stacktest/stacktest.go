@@ -35,6 +35,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
@@ -56,12 +57,7 @@ func Main(m *testing.M, stack **devstack.Stack, hosts int, options controller.Op
 // MainWith is Main with a say in the stack's options (say, to start the local VM cloud).
 func MainWith(m *testing.M, stack **devstack.Stack, hosts int, options controller.Options, shape func(*devstack.Options)) int {
 	if err := sshhosts.Prerequisites(); err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintln(os.Stderr, "FAIL:", err)
-			return 1
-		}
-		fmt.Fprintln(os.Stderr, "skipping: the stack needs", err)
-		return 0
+		return missing.Main(fmt.Sprint("the stack needs ", err))
 	}
 	dir, err := os.MkdirTemp("", "berth-stack-test-")
 	if err != nil {
