@@ -76,3 +76,34 @@ func TestTaskRunsWhoseNamesRunTogetherShareNoAdoptedUser(t *testing.T) {
 		t.Errorf("distinct TaskRuns share users %v", shared)
 	}
 }
+
+// TestASecretAnsweredElsewhereIsToldOnce: a TaskRun whose secret the replaced controller wrote
+// is left alone, and told so once, however many of its updates reach berth (Tekton writes its
+// status several times a task); a new controller process tells it again, once.
+func TestASecretAnsweredElsewhereIsToldOnce(t *testing.T) {
+	h := newHarness(t, hostsConfig(1, "host-a"), nil)
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: contract.SecretPrefix + "build",
+		Labels: map[string]string{contract.SecretLabel: "true"}}, Data: map[string][]byte{"host": []byte("u-1@10.0.0.9")}}
+	if err := h.api.Create(h.ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	h.create(userTaskRun("build", "linux/arm64"))
+	for range 5 {
+		h.enqueue("build")
+		h.settle()
+	}
+	if got := h.events.on("TaskRun", tenantNS, "build", "ForeignSecret"); len(got) != 1 {
+		t.Fatalf("%d ForeignSecret Events after 6 wake-ups, want 1: %v", len(got), got)
+	}
+	if recs := h.records(); len(recs) != 0 {
+		t.Fatalf("berth took up a task another controller answered: %v", recs)
+	}
+	h.start()
+	h.enqueue("build")
+	h.settle()
+	h.enqueue("build")
+	h.settle()
+	if got := h.events.on("TaskRun", tenantNS, "build", "ForeignSecret"); len(got) != 2 {
+		t.Fatalf("%d ForeignSecret Events after a restart, want 2 (one per process)", len(got))
+	}
+}

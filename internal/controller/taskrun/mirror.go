@@ -62,6 +62,10 @@ type taskMirror struct {
 	patched  sync.Map // TaskRun UID → *patchedMeta: the metadata berth's last patch left, until the cache has it
 	reverted sync.Map // TaskRun UID → when berth last undid a tenant's edit
 	full     sync.Map // TaskRun UID → struct{}: no room for berth's annotations on it
+	// foreign holds the TaskRuns told that their secret is another's (ForeignSecret): berth
+	// writes nothing on such a TaskRun, so no mirror says it was told, and each of its updates
+	// starts a reconcile.
+	foreign sync.Map
 	// sets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
 	sets sync.Map
@@ -89,6 +93,14 @@ func (m *taskMirror) forget(uid types.UID) {
 	m.sets.Delete(uid)
 	m.reverted.Delete(uid)
 	m.full.Delete(uid)
+	m.foreign.Delete(uid)
+}
+
+// firstForeign tells whether this is the first time this process finds the TaskRun's secret
+// to be another's: the ForeignSecret Event is told then, not at every update of the TaskRun.
+func (m *taskMirror) firstForeign(uid types.UID) bool {
+	_, told := m.foreign.LoadOrStore(uid, struct{}{})
+	return !told
 }
 
 // toldWaiting tells whether the task was told it waits: this process mirrored the wait on it,

@@ -28,6 +28,9 @@ func (r *Reconciler) reconcileUser(ctx context.Context, tr *pipelinev1.TaskRun, 
 		}
 		if secret != nil && answeredElsewhere(secret) {
 			r.line.leave(tr)
+			if !r.mirror.firstForeign(tr.UID) {
+				return reconcile.Result{}, nil
+			}
 			tell(ctx, r.secrets.recorder, tr, "", corev1.EventTypeWarning, "ForeignSecret",
 				"the secret %s was not written by berth for this TaskRun (it has no owner, as those of the controller berth replaced have none), so the task has its answer already and berth does not serve it; if that is wrong, delete the secret and re-run the task", secret.Name)
 			return reconcile.Result{}, nil
