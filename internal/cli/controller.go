@@ -13,6 +13,9 @@ import (
 const (
 	DefaultKubeAPIQPS   = 500
 	DefaultKubeAPIBurst = 1000
+	// DefaultGCPercent halves the heap's headroom over what is live (Go's default is 100), for
+	// a little more of the controller's CPU (docs/memory.md).
+	DefaultGCPercent = 50
 )
 
 func newControllerCommand() *cobra.Command {
@@ -55,6 +58,7 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.PprofAddress, "pprof-bind-address", o.PprofAddress, "address of Go's profiler endpoints (/debug/pprof/), for finding where time and memory go; empty or 0 disables them")
 	f.BoolVar(&o.LeaderElection, "leader-elect", o.LeaderElection, "elect a leader, so that several replicas are safe")
 	f.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader election lease")
+	f.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent, "Go's GC percent (as GOGC): how far the heap may grow over what is live before a collection. Lower saves memory for CPU; 0, or GOGC in the environment, leaves Go's")
 	f.IntVar(&o.ConcurrentReconciles, "concurrent-reconciles", o.ConcurrentReconciles, "TaskRuns reconciled in parallel")
 	f.DurationVar(&o.WaitTimeout, "wait-timeout", o.WaitTimeout, "how long a task may wait for a host before it gets an error; 0 waits forever")
 	f.DurationVar(&o.FailedTaskRetention, "failed-task-retention", o.FailedTaskRetention, "how long failed provision, clean and update TaskRuns are kept for their logs")

@@ -50,13 +50,15 @@ type Options struct {
 	LeaderElection       bool
 	LeaderElectionID     string
 	ConcurrentReconciles int
-	WaitTimeout          time.Duration
-	FailedTaskRetention  time.Duration
-	HostCheckInterval    time.Duration
-	ProvisionTask        string
-	CleanTask            string
-	UpdateTask           string
-	TaskServiceAccount   string
+	// GCPercent is Go's GC percent for the process (see useGCPercent); 0 leaves the runtime's.
+	GCPercent           int
+	WaitTimeout         time.Duration
+	FailedTaskRetention time.Duration
+	HostCheckInterval   time.Duration
+	ProvisionTask       string
+	CleanTask           string
+	UpdateTask          string
+	TaskServiceAccount  string
 	// MetricsSecure serves /metrics over HTTPS to authenticated clients allowed to get it (see
 	// metricsOptions); false serves it to anyone over plain HTTP.
 	MetricsSecure bool
@@ -229,6 +231,9 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := useGCPercent(mgr, o.GCPercent); err != nil {
+		return nil, err
 	}
 	store := hostconfig.NewStore()
 	recorder := mgr.GetEventRecorder("berth")

@@ -6,6 +6,7 @@ package taskrun
 import (
 	"context"
 	"fmt"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"strings"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -54,6 +55,23 @@ type gate struct {
 
 // classify tells user TaskRuns from the rest. A task-type label makes a TaskRun berth's own
 // only in the controller's namespace, where no tenant writes; anywhere else it is ignored.
+// userTaskField indexes the cached TaskRuns that are user tasks (indexUserTasks): what a start
+// reads of them, it reads through the index, never by listing every TaskRun of the cluster.
+const userTaskField = "berth.dev/user-task"
+
+// indexUserTasks files a user task under "true", and leaves every other TaskRun out of the index.
+func (g gate) indexUserTasks(o client.Object) []string {
+	if tr, ok := o.(*pipelinev1.TaskRun); ok && g.classify(tr) == userTask {
+		return []string{"true"}
+	}
+	return nil
+}
+
+// userTasks lists the cached user tasks through the index. A list that copies its items takes a
+// shallow copy of each TaskRun's struct, a kilobyte and more: of every TaskRun of a big cluster
+// that would be the controller's peak of memory at start.
+var userTasks = client.MatchingFields{userTaskField: "true"}
+
 func (g gate) classify(tr *pipelinev1.TaskRun) kind {
 	if tr.Namespace == g.namespace && tr.Labels[contract.TaskTypeLabel] != "" {
 		return unrelated

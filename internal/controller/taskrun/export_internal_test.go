@@ -5,6 +5,10 @@ package taskrun
 import (
 	"context"
 	"encoding/json"
+	"slices"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"k8s.io/apimachinery/pkg/fields"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +36,7 @@ func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *c
 	store.Apply(cfg)
 	r := &Reconciler{Client: c, APIReader: c, Namespace: namespace, Config: store, Capacity: capacity.New()}
 	r.init()
+	r.line.client = userTaskIndex{Client: c, gate: r.gate}
 	var records berthv1.AllocationList
 	if err := c.List(ctx, &records, client.InNamespace(namespace)); err != nil {
 		return nil, err
@@ -43,4 +48,26 @@ func RestoredLine(ctx context.Context, c client.Client, namespace string, cfg *c
 		return nil, err
 	}
 	return r.Capacity.Queue(platform), nil
+}
+
+// userTaskIndex answers a list through the cache's user-task index (userTasks) as the cache
+// does, for a client that reads the apiserver itself, which knows no such field.
+type userTaskIndex struct {
+	client.Client
+	gate gate
+}
+
+func (u userTaskIndex) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	var o client.ListOptions
+	o.ApplyOptions(opts)
+	trs, ok := list.(*pipelinev1.TaskRunList)
+	if !ok || o.FieldSelector == nil || o.FieldSelector.String() != fields.OneTermEqualSelector(userTaskField, "true").String() {
+		return u.Client.List(ctx, list, opts...)
+	}
+	o.FieldSelector = nil
+	if err := u.Client.List(ctx, trs, &o); err != nil {
+		return err
+	}
+	trs.Items = slices.DeleteFunc(trs.Items, func(tr pipelinev1.TaskRun) bool { return u.gate.classify(&tr) != userTask })
+	return nil
 }

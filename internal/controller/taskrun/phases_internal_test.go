@@ -138,6 +138,7 @@ func newAPIServer() client.WithWatch {
 	return fake.NewClientBuilder().WithScheme(scheme).WithObjectTracker(tracker).
 		WithStatusSubresource(&pipelinev1.TaskRun{}, &berthv1.BuildHost{}).
 		WithIndex(&berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey).
+		WithIndex(&pipelinev1.TaskRun{}, userTaskField, gate{namespace: berthNS}.indexUserTasks).
 		Build()
 }
 

@@ -120,10 +120,9 @@ func (l *line) restoreQueue(ctx context.Context, records []berthv1.Allocation) e
 	for i := range records {
 		recorded[records[i].Spec.TaskRun.UID] = true
 	}
-	// Read only, so the cache's own objects will do: a copy of every TaskRun of a big cluster
-	// would be the controller's peak of memory.
+	// Read only, so the cache's own objects will do.
 	var list pipelinev1.TaskRunList
-	if err := l.client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+	if err := l.client.List(ctx, &list, userTasks, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	for i := range list.Items {
@@ -239,8 +238,10 @@ func (l *line) adoptOnce(ctx context.Context) error {
 	if err == nil || !apierrors.IsNotFound(err) {
 		return err
 	}
+	// The cache's own objects, read only (as restoreQueue reads them); the candidates are
+	// copied, since adopting one writes on it.
 	var list pipelinev1.TaskRunList
-	if err := l.client.List(ctx, &list); err != nil {
+	if err := l.client.List(ctx, &list, userTasks, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	var candidates []*pipelinev1.TaskRun
@@ -257,7 +258,7 @@ func (l *line) adoptOnce(ctx context.Context) error {
 		if !tr.CreationTimestamp.Time.Before(l.started) {
 			continue
 		}
-		candidates = append(candidates, tr)
+		candidates = append(candidates, tr.DeepCopy())
 	}
 	shared := sharedUpstreamUsers(candidates)
 	adopted := 0

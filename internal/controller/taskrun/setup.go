@@ -86,13 +86,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &berthv1.Allocation{}, taskRunKeyField, indexTaskRunKey); err != nil {
 		return err
 	}
-	userTasks := predicate.NewPredicateFuncs(func(o client.Object) bool {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &pipelinev1.TaskRun{}, userTaskField, r.gate.indexUserTasks); err != nil {
+		return err
+	}
+	userTaskEvents := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return r.gate.classify(o.(*pipelinev1.TaskRun)) != unrelated
 	})
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("taskrun").
-		For(&pipelinev1.TaskRun{}, builder.WithPredicates(userTasks)).
-		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(userTasks)).
+		For(&pipelinev1.TaskRun{}, builder.WithPredicates(userTaskEvents)).
+		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(userTaskEvents)).
 		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
 		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
