@@ -6,11 +6,11 @@ package taskrun
 import (
 	"context"
 	"fmt"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"strings"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/berth-ci/berth/internal/config"
@@ -53,8 +53,6 @@ type gate struct {
 	strategies strategies
 }
 
-// classify tells user TaskRuns from the rest. A task-type label makes a TaskRun berth's own
-// only in the controller's namespace, where no tenant writes; anywhere else it is ignored.
 // userTaskField indexes the cached TaskRuns that are user tasks (indexUserTasks): what a start
 // reads of them, it reads through the index, never by listing every TaskRun of the cluster.
 const userTaskField = "berth.dev/user-task"
@@ -72,6 +70,8 @@ func (g gate) indexUserTasks(o client.Object) []string {
 // that would be the controller's peak of memory at start.
 var userTasks = client.MatchingFields{userTaskField: "true"}
 
+// classify tells user TaskRuns from the rest. A task-type label makes a TaskRun berth's own
+// only in the controller's namespace, where no tenant writes; anywhere else it is ignored.
 func (g gate) classify(tr *pipelinev1.TaskRun) kind {
 	if tr.Namespace == g.namespace && tr.Labels[contract.TaskTypeLabel] != "" {
 		return unrelated
