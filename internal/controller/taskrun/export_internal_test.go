@@ -8,9 +8,8 @@ import (
 	"slices"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	"k8s.io/apimachinery/pkg/fields"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -68,6 +67,6 @@ func (u userTaskIndex) List(ctx context.Context, list client.ObjectList, opts ..
 	if err := u.Client.List(ctx, trs, &o); err != nil {
 		return err
 	}
-	trs.Items = slices.DeleteFunc(trs.Items, func(tr pipelinev1.TaskRun) bool { return u.gate.classify(&tr) != userTask })
+	trs.Items = slices.DeleteFunc(trs.Items, func(tr pipelinev1.TaskRun) bool { return len(u.gate.indexUserTasks(&tr)) == 0 })
 	return nil
 }

@@ -11,8 +11,8 @@ import (
 
 func TestExecutableOf(t *testing.T) {
 	for command, want := range map[string]string{
-		"/work/bin/berth controller --x=1":             "/work/bin/berth",
-		"env GOGC=50 /work/bin/berth controller":       "/work/bin/berth",
+		"bin/berth controller --x=1":                   "bin/berth",
+		"env GOGC=50 bin/berth controller":             "bin/berth",
 		"GODEBUG=gctrace=1 upstream --metrics=0":       "upstream",
 		"exec env A=1 B=2 ./controller --leader-elect": "./controller",
 	} {
