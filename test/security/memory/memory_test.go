@@ -263,11 +263,20 @@ func inflate(t *testing.T, tn *stacktest.Tenant, name string) {
 
 // serves shows the controller still serving: a new task of another namespace gets its build
 // user on the slot the flood's cap leaves free, and lets it go when it ends.
+//
+// Its two writes retry what withRetries calls transient: with a gigabyte in etcd and its
+// compaction under way, the apiserver now and then answers a write with etcd's request
+// timeout, as a real one under such load does, and a real tenant's client retries it too.
 func serves(t *testing.T, tn *stacktest.Tenant, name string) {
 	t.Helper()
-	tr := tn.Create(t, tn.TaskRun(name, platform))
+	tr := tn.TaskRun(name, platform)
+	if err := withRetries(func() error { return tn.Client.Create(t.Context(), tr) }); err != nil {
+		t.Fatalf("the tenant creating %s: %v", name, err)
+	}
 	ready(t, tr)
-	finish(t, tr)
+	if err := withRetries(func() error { return stack.StandIn.Finish(t.Context(), client.ObjectKeyFromObject(tr), nil) }); err != nil {
+		t.Fatalf("finishing %s: %v", name, err)
+	}
 	settled(t, tn.Namespace)
 }
 
@@ -456,21 +465,21 @@ func buildBerth(t *testing.T) string {
 	return stacktest.BuildBerth(t)
 }
 
-// withRetries runs create until it succeeds, fails for good, or has failed five times for
+// withRetries runs write until it succeeds, fails for good, or has failed seven times for
 // want of time (an etcd or apiserver timeout, or too many requests), backing off from a
-// second on. A tenant would retry such writes too; on a test machine shared with other
-// suites, etcd takes more than its five seconds now and then under a gigabyte of writes. A
-// create that timed out may have been done all the same, so after a retry, AlreadyExists is
-// success.
-func withRetries(create func() error) error {
+// second to a minute. A tenant would retry such writes too; on a test machine shared with
+// other suites, etcd takes more than its five seconds now and then under a gigabyte of
+// writes. A create that timed out may have been done all the same, so after a retry,
+// AlreadyExists is success.
+func withRetries(write func() error) error {
 	tries := 0
 	transient := func(err error) bool {
 		return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
 			apierrors.IsInternalError(err) && strings.Contains(err.Error(), "timed out")
 	}
-	return retry.OnError(wait.Backoff{Steps: 5, Duration: time.Second, Factor: 2}, transient, func() error {
+	return retry.OnError(wait.Backoff{Steps: 7, Duration: time.Second, Factor: 2}, transient, func() error {
 		tries++
-		if err := create(); err != nil && !(tries > 1 && apierrors.IsAlreadyExists(err)) {
+		if err := write(); err != nil && !(tries > 1 && apierrors.IsAlreadyExists(err)) {
 			return err
 		}
 		return nil
