@@ -323,6 +323,10 @@ func (m *taskMirror) notePatched(tr *pipelinev1.TaskRun) {
 // values that are gone, or leave a label berth removed a moment ago, and that copy would pass
 // for a tenant's edit. resourceVersions are etcd revisions, which only grow; one that does not
 // parse as such is taken as new.
+//
+// tr may be the cache's copy or one berth made (this function's, or a copy a patch's answer
+// updated), so what the patch left is never dropped here: a copy of berth's own at the patch's
+// version says nothing of the cache. startsFrom drops it.
 func (m *taskMirror) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	v, ok := m.patched.Load(tr.UID)
 	if !ok {
@@ -330,15 +334,27 @@ func (m *taskMirror) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 	}
 	last := v.(*patchedMeta)
 	if cached, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || cached >= last.resourceVersion {
-		// The cache has caught up: what the patch left is no longer needed (a TaskRun waiting
-		// for hours would otherwise keep a copy of its labels here all along).
-		m.patched.CompareAndDelete(tr.UID, v)
 		return tr
 	}
 	fresh := tr.DeepCopy()
 	fresh.ResourceVersion = strconv.FormatUint(last.resourceVersion, 10)
 	fresh.Labels, fresh.Annotations, fresh.Finalizers = maps.Clone(last.labels), maps.Clone(last.annotations), slices.Clone(last.finalizers)
 	return fresh
+}
+
+// startsFrom tells the mirror the cache's copy of a TaskRun that a reconcile starts from. Once
+// the cache holds berth's own last patch of it, what the patch left is no longer needed (a
+// TaskRun waiting for hours would otherwise keep a copy of its labels here all along); and
+// no reconcile of the TaskRun can hold an older copy any more, since they run one at a time
+// and each reads anew. berth's own patch brings such a reconcile: its watch event starts one.
+func (m *taskMirror) startsFrom(tr *pipelinev1.TaskRun) {
+	v, ok := m.patched.Load(tr.UID)
+	if !ok {
+		return
+	}
+	if rv, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || rv >= v.(*patchedMeta).resourceVersion {
+		m.patched.CompareAndDelete(tr.UID, v)
+	}
 }
 
 // noteMirrorSet counts that the TaskRun's mirrors were set from what berth knows now.

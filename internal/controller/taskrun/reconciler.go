@@ -120,6 +120,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	switch err := r.Client.Get(ctx, req.NamespacedName, &got); {
 	case err == nil && r.gate.classify(&got) == userTask:
 		tr = &got
+		r.mirror.startsFrom(tr)
 	case err != nil && !apierrors.IsNotFound(err):
 		return reconcile.Result{}, err
 	}

@@ -7,8 +7,10 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"sync"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +34,11 @@ func indexTaskRunKey(o client.Object) []string {
 type recordStore struct {
 	client    client.Client
 	namespace string
+	// dropped holds the records berth deleted (recordID) while the cache may still show them: a
+	// pass reading such an older copy would act on a record that is gone, and remove its
+	// build user from the host once more and delete it again. The watch's delete event of
+	// each takes it out (seenGone).
+	dropped sync.Map
 }
 
 // of lists the records of every TaskRun that had this name, oldest first.
@@ -43,7 +50,9 @@ func (rs *recordStore) of(ctx context.Context, key types.NamespacedName) ([]*ber
 	}
 	out := make([]*berthv1.Allocation, 0, len(list.Items))
 	for i := range list.Items {
-		out = append(out, &list.Items[i])
+		if _, gone := rs.dropped.Load(idOf(&list.Items[i])); !gone {
+			out = append(out, &list.Items[i])
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreationTimestamp.Before(&out[j].CreationTimestamp) })
 	return out, nil
@@ -72,11 +81,32 @@ func (rs *recordStore) save(ctx context.Context, rec *berthv1.Allocation) error 
 	return rs.client.Update(ctx, rec)
 }
 
-// drop deletes a record, only the exact version this decision was made on.
+// drop deletes a record, only the exact version this decision was made on. From then on the
+// record is gone to of, whatever the cache shows, until the watch tells the cache so too (or
+// the cache shows it so already).
 func (rs *recordStore) drop(ctx context.Context, rec *berthv1.Allocation) error {
-	return client.IgnoreNotFound(rs.client.Delete(ctx, rec,
-		client.Preconditions{UID: &rec.UID, ResourceVersion: &rec.ResourceVersion}))
+	err := rs.client.Delete(ctx, rec, client.Preconditions{UID: &rec.UID, ResourceVersion: &rec.ResourceVersion})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	rs.dropped.Store(idOf(rec), struct{}{})
+	// Its delete event may have come while the request was answered: then it is not waited for.
+	if err := rs.client.Get(ctx, client.ObjectKeyFromObject(rec), &berthv1.Allocation{}); apierrors.IsNotFound(err) {
+		rs.dropped.Delete(idOf(rec))
+	}
+	return nil
 }
+
+// seenGone is the watch's word that a record is gone from the cache.
+func (rs *recordStore) seenGone(o client.Object) { rs.dropped.Delete(idOf(o)) }
+
+// recordID names one record object: its name (its TaskRun's UID) and its own UID.
+type recordID struct {
+	name string
+	uid  types.UID
+}
+
+func idOf(o client.Object) recordID { return recordID{o.GetName(), o.GetUID()} }
 
 func taskOfRecord(rec *berthv1.Allocation) allocation.Task {
 	return allocation.Task{Namespace: rec.Spec.TaskRun.Namespace, Name: rec.Spec.TaskRun.Name}

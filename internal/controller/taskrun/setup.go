@@ -98,7 +98,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(userTaskEvents)).
 		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
-		Watches(&berthv1.Allocation{}, handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)).
+		Watches(&berthv1.Allocation{}, r.recordEvents()).
 		WatchesRawSource(r.Capacity.Source(handOverPriority)).
 		WatchesRawSource(source.Channel(r.mirror.refreshes, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
@@ -202,6 +202,21 @@ func (r *Reconciler) userTaskOfInternal(_ context.Context, o client.Object) []re
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
+}
+
+// recordEvents wakes the TaskRun a record is of, at each event of the record; a delete also
+// tells the record store that the cache has let the record go.
+func (r *Reconciler) recordEvents() handler.EventHandler {
+	wake := handler.EnqueueRequestsFromMapFunc(taskRunOfRecord)
+	return handler.Funcs{
+		CreateFunc:  wake.Create,
+		UpdateFunc:  wake.Update,
+		GenericFunc: wake.Generic,
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.records.seenGone(e.Object)
+			wake.Delete(ctx, e, q)
+		},
+	}
 }
 
 func taskRunOfRecord(_ context.Context, o client.Object) []reconcile.Request {
