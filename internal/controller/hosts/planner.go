@@ -84,6 +84,9 @@ func (p *planner) planAll(ctx context.Context) error {
 	if cfg == nil {
 		return nil
 	}
+	if len(cfg.Dynamic) == 0 && !p.vmRecordsCached(ctx) {
+		return nil
+	}
 	records, err := p.records.list(ctx)
 	if err != nil {
 		return err
@@ -111,6 +114,19 @@ func (p *planner) planAll(ctx context.Context) error {
 		note(p.plan(ctx, pl, fleet.Platform{Removed: true}, byPlatform[pl], nil))
 	}
 	return firstErr
+}
+
+// vmRecordsCached tells whether the cache holds a VM record. With no VM platform configured
+// the planner launches nothing, and it reads the records from the apiserver only while some
+// are left to retire: a cluster of static hosts alone costs the apiserver no list each pass.
+// A record the cache does not show yet was written by a pass that had its platform; the next
+// pass finds it.
+func (p *planner) vmRecordsCached(ctx context.Context) bool {
+	var list berthv1.BuildHostList
+	if err := p.client.List(ctx, &list, client.InNamespace(p.namespace), client.HasLabels{LabelVM}); err != nil {
+		return true // the apiserver's list decides
+	}
+	return len(list.Items) > 0
 }
 
 // plan carries out the fleet's decision for one platform (d is nil for a removed one).

@@ -953,3 +953,61 @@ func TestACapacityErrorOnTheFirstTypeIsServedByTheFallbackType(t *testing.T) {
 		}
 	})
 }
+
+// TestWithoutVMPlatformsThePlannerListsOnlyWhileVMsAreLeft: the planner reads the VM records
+// from the apiserver at each pass (every 5 s), so that it counts its own last writes. When the
+// config has no VM platform it launches nothing: it reads them only while records are left to
+// retire, a VM of a platform gone from the config going as before.
+func TestWithoutVMPlatformsThePlannerListsOnlyWhileVMsAreLeft(t *testing.T) {
+	w := newVMWorld(t, false)
+	lists := 0
+	counted := interceptor.NewClient(w.api, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*berthv1.BuildHostList); ok {
+				lists++
+			}
+			return c.List(ctx, list, opts...)
+		},
+	})
+	ledger := capacity.New()
+	ledger.MarkRestored()
+	o := &Owner{Client: w.api, APIReader: counted, Namespace: vmNS, Config: w.store, Capacity: ledger,
+		Recorder: w.events, Debts: w.debts, Prober: w.prober, Now: w.clock.Now}
+	o.init()
+	ledger.Join(allocation.Request{Task: w.task, Platform: vmPlatform, Created: w.clock.Now()})
+	launched := w.plan(o)
+
+	// The platform leaves the config: its VM goes.
+	static, problems := config.Parse(map[string]string{"local-platforms": "linux/amd64"})
+	if len(static.Fatal()) > 0 {
+		t.Fatalf("a config of a local platform: %v", problems)
+	}
+	w.store.Apply(static)
+	before := lists
+	if err := o.planner.planAll(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lists == before {
+		t.Fatal("a VM record is left, and the planner did not read the records")
+	}
+	// Still launching, it goes with its record at once; a VM further on is retired first.
+	if rec := w.record(launched.Name); rec != nil {
+		if rec.Spec.Instance.Retire == "" && phaseOf(rec) != berthv1.InstanceTerminating {
+			t.Fatalf("the VM of a platform gone from the config is kept: %+v", rec)
+		}
+		if err := w.api.Delete(w.ctx, rec); err != nil { // as the VM loop does once it is gone
+			t.Fatal(err)
+		}
+	}
+
+	// No VM record is left: passes list nothing.
+	before = lists
+	for range 3 {
+		if err := o.planner.planAll(w.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lists != before {
+		t.Fatalf("no VM platform and no VM record, and three passes listed the records %d times", lists-before)
+	}
+}
