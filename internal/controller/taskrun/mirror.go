@@ -321,8 +321,7 @@ func (m *taskMirror) notePatched(tr *pipelinev1.TaskRun) {
 // moments after a write, when the write's own event or the record's brings the TaskRun back),
 // tr with the metadata that patch left. A patch based on the cache's older copy would test
 // values that are gone, or leave a label berth removed a moment ago, and that copy would pass
-// for a tenant's edit. resourceVersions are etcd revisions, which only grow; one that does not
-// parse as such is taken as new.
+// for a tenant's edit.
 //
 // tr may be the cache's copy or one berth made (this function's, or a copy a patch's answer
 // updated), so what the patch left is never dropped here: a copy of berth's own at the patch's
@@ -333,7 +332,7 @@ func (m *taskMirror) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 		return tr
 	}
 	last := v.(*patchedMeta)
-	if cached, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || cached >= last.resourceVersion {
+	if last.reachedBy(tr) {
 		return tr
 	}
 	fresh := tr.DeepCopy()
@@ -352,9 +351,16 @@ func (m *taskMirror) startsFrom(tr *pipelinev1.TaskRun) {
 	if !ok {
 		return
 	}
-	if rv, err := strconv.ParseUint(tr.ResourceVersion, 10, 64); err != nil || rv >= v.(*patchedMeta).resourceVersion {
+	if v.(*patchedMeta).reachedBy(tr) {
 		m.patched.CompareAndDelete(tr.UID, v)
 	}
+}
+
+// reachedBy tells whether tr is at the patch's version or later. resourceVersions are etcd
+// revisions, which only grow; one that does not parse as such is taken as new.
+func (p *patchedMeta) reachedBy(tr *pipelinev1.TaskRun) bool {
+	rv, err := strconv.ParseUint(tr.ResourceVersion, 10, 64)
+	return err != nil || rv >= p.resourceVersion
 }
 
 // noteMirrorSet counts that the TaskRun's mirrors were set from what berth knows now.

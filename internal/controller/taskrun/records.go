@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -82,19 +81,18 @@ func (rs *recordStore) save(ctx context.Context, rec *berthv1.Allocation) error 
 }
 
 // drop deletes a record, only the exact version this decision was made on. From then on the
-// record is gone to of, whatever the cache shows, until the watch tells the cache so too (or
-// the cache shows it so already).
+// record is gone to of, whatever the cache shows, until the watch's delete event tells the
+// cache so too. It is marked before the request, so that event, which can only come after,
+// always finds the mark; a delete that fails takes off the mark it made.
 func (rs *recordStore) drop(ctx context.Context, rec *berthv1.Allocation) error {
+	id := idOf(rec)
+	_, marked := rs.dropped.LoadOrStore(id, struct{}{})
 	err := rs.client.Delete(ctx, rec, client.Preconditions{UID: &rec.UID, ResourceVersion: &rec.ResourceVersion})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
+	if err != nil && !marked {
+		// Refused, or gone already (whose delete event may have passed): nothing to wait for.
+		rs.dropped.Delete(id)
 	}
-	rs.dropped.Store(idOf(rec), struct{}{})
-	// Its delete event may have come while the request was answered: then it is not waited for.
-	if err := rs.client.Get(ctx, client.ObjectKeyFromObject(rec), &berthv1.Allocation{}); apierrors.IsNotFound(err) {
-		rs.dropped.Delete(idOf(rec))
-	}
-	return nil
+	return client.IgnoreNotFound(err)
 }
 
 // seenGone is the watch's word that a record is gone from the cache.

@@ -199,10 +199,38 @@ func TestARecordDeletedIsGoneWhileTheCacheStillShowsIt(t *testing.T) {
 	if err := api.Create(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	if err := rs.drop(ctx, again); err != nil {
+	fast := &recordStore{namespace: berthNS}
+	fast.client = interceptor.NewClient(api, interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			err := c.Delete(ctx, obj, opts...)
+			fast.seenGone(obj) // the watch's event, before the answer
+			return err
+		},
+	})
+	if err := fast.drop(ctx, again); err != nil {
 		t.Fatal(err)
 	}
+	n := 0
+	fast.dropped.Range(func(any, any) bool { n++; return true })
+	if n != 0 {
+		t.Fatalf("the cache had let the record go, and the store keeps %d", n)
+	}
+	// A delete the apiserver refuses (the record changed since it was read) leaves nothing
+	// marked either.
+	refusing := &recordStore{namespace: berthNS, client: interceptor.NewClient(api, interceptor.Funcs{
+		Delete: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.DeleteOption) error {
+			return apierrors.NewConflict(berthv1.GroupVersion.WithResource("allocations").GroupResource(), obj.GetName(), nil)
+		},
+	})}
+	if err := refusing.drop(ctx, rec.DeepCopy()); !apierrors.IsConflict(err) {
+		t.Fatalf("a refused delete: %v", err)
+	}
+	held = func() int {
+		n := 0
+		refusing.dropped.Range(func(any, any) bool { n++; return true })
+		return n
+	}
 	if kept := held(); kept != 0 {
-		t.Fatalf("the cache had let the record go, and the store keeps %d", kept)
+		t.Fatalf("a refused delete left %d records marked gone", kept)
 	}
 }
