@@ -206,6 +206,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	}
 	opts := ctrl.Options{
 		Scheme:                  kubescheme.New(),
+		MapperProvider:          kubescheme.NewMapper,
 		Cache:                   taskrun.CacheOptions(o.Namespace),
 		Metrics:                 metrics,
 		HealthProbeBindAddress:  o.HealthProbeAddress,
@@ -254,7 +255,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
 		PositionInterval: o.QueuePositionInterval,
 	}
-	uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
+	uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
 	if err != nil {
 		return nil, err
 	}
