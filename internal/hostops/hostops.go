@@ -77,7 +77,7 @@ func asRoot(target remote.Target, script string, args ...string) (string, error)
 	if target.User == "root" {
 		return remote.Script(script, args...)
 	}
-	return remote.Command(append([]string{"sudo", "-n", "sh", "-c", script, "berth"}, args...)...)
+	return remote.ScriptVia([]string{"sudo", "-n"}, script, args...)
 }
 
 func truncate(s string) string {

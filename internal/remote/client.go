@@ -165,11 +165,17 @@ func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([
 	defer session.Close()
 	var stdout, stderr bytes.Buffer
 	session.Stdout, session.Stderr = &stdout, &stderr
+	// stdin goes straight into the channel: given as session.Stdin, the library would copy it
+	// through a pipe with a buffer of 32 KiB per session.
+	var in io.WriteCloser
 	if stdin != nil {
-		session.Stdin = bytes.NewReader(stdin)
+		if in, err = session.StdinPipe(); err != nil {
+			c.broken = true
+			return nil, fmt.Errorf("ssh %s: stdin: %w", c.target.Address, err)
+		}
 	}
 	done := make(chan error, 1)
-	go func() { done <- session.Run(command) }()
+	go func() { done <- runWith(session, command, in, stdin) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -187,4 +193,22 @@ func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([
 		return stdout.Bytes(), fmt.Errorf("on host %s, %s: %w", c.target.Address, name, err)
 	}
 	return stdout.Bytes(), nil
+}
+
+// runWith runs command in session, writes stdin to in (when there is one) and closes it.
+func runWith(session *ssh.Session, command string, in io.WriteCloser, stdin []byte) error {
+	if err := session.Start(command); err != nil {
+		return err
+	}
+	var werr error
+	if in != nil {
+		_, werr = in.Write(stdin)
+		if err := in.Close(); werr == nil && err != io.EOF {
+			werr = err
+		}
+	}
+	if err := session.Wait(); err != nil {
+		return err // how the command ended says more than a stdin it left unread
+	}
+	return werr
 }

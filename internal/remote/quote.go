@@ -6,6 +6,7 @@ package remote
 import (
 	"errors"
 	"strings"
+	"sync"
 )
 
 // ErrNUL: a NUL byte cannot travel in a command line; such input is refused, not mangled.
@@ -45,5 +46,47 @@ func Command(argv ...string) (string, error) {
 // parameters ($1, $2, ...). The script is berth's own text; everything that comes from a
 // TaskRun or a config travels in args and is never spliced into shell source.
 func Script(script string, args ...string) (string, error) {
-	return Command(append([]string{"sh", "-c", script, "berth"}, args...)...)
+	return ScriptVia(nil, script, args...)
+}
+
+// ScriptVia is Script run through another command: via is its argv, before "sh -c" (sudo -n).
+func ScriptVia(via []string, script string, args ...string) (string, error) {
+	quotedScript, err := quoteScript(script)
+	if err != nil {
+		return "", err
+	}
+	words := make([]string, 0, len(via)+4+len(args))
+	for _, w := range via {
+		q, err := Quote(w)
+		if err != nil {
+			return "", err
+		}
+		words = append(words, q)
+	}
+	words = append(words, "sh", "-c", quotedScript, "berth")
+	for _, a := range args {
+		q, err := Quote(a)
+		if err != nil {
+			return "", err
+		}
+		words = append(words, q)
+	}
+	return strings.Join(words, " "), nil
+}
+
+// quotedScripts holds each script's quoted form (Quote). The scripts are berth's own few
+// constants, run once or twice per task: quoting one afresh each time cost a copy of it, and
+// more for every quote it holds. Nothing a tenant or a config writes is ever a key here.
+var quotedScripts sync.Map
+
+func quoteScript(script string) (string, error) {
+	if q, ok := quotedScripts.Load(script); ok {
+		return q.(string), nil
+	}
+	q, err := Quote(script)
+	if err != nil {
+		return "", err
+	}
+	quotedScripts.Store(script, q)
+	return q, nil
 }

@@ -75,6 +75,26 @@ func TestScriptPassesArgumentsAsData(t *testing.T) {
 	}
 }
 
+func TestScriptViaAnotherCommandPassesArgumentsAsData(t *testing.T) {
+	script := `printf '%s|' "$0" "$@"`
+	for range 2 { // the second time from the quoted script kept
+		line, err := ScriptVia([]string{"env", "LC_ALL=C"}, script, hostile...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("sh", "-c", line).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "berth|" + strings.Join(hostile, "|") + "|"; string(out) != want {
+			t.Fatalf("script saw %q, want %q", out, want)
+		}
+	}
+	if _, err := ScriptVia([]string{"env"}, script, "a\x00b"); err == nil {
+		t.Fatal("an argument with a NUL was taken")
+	}
+}
+
 // FuzzQuote: whatever the argument, a real shell hands it to the program unchanged.
 func FuzzQuote(f *testing.F) {
 	for _, h := range hostile {

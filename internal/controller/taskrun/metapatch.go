@@ -108,8 +108,12 @@ func orNil[T any](v T) any {
 
 // pointerEscape escapes a map key for a JSON pointer (RFC 6901).
 func pointerEscape(key string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	return pointerEscaper.Replace(key)
 }
+
+// pointerEscaper is made once: a Replacer builds its tables on first use, about 6 KB, and
+// every TaskRun patch escapes a few keys. It is safe for concurrent use.
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 
 // testFailed tells a patch refused because it no longer applies (a test failed, or a member it
 // removes is gone): what it rests on changed since the cache was read, a conflict like a stale
