@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,8 +36,11 @@ import (
 const floorWorkers = 20
 
 // RunFloor serves the static hosts of the config ConfigMap in namespace until ctx ends,
-// telling log of each write that failed.
-func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, log io.Writer) error {
+// telling log of each write that failed. With a pace above 0 it makes at most that many
+// assignments a second: a floor as slow as a given controller, to price the machine's work
+// at that controller's pace (a machine serving the same requests more slowly spends more on
+// each; docs/task-cost.md).
+func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, pace float64, log io.Writer) error {
 	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
 		return err
@@ -83,17 +87,12 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, log io.Wr
 			fmt.Fprintf(log, "floor: the secret of %s: %v\n", task, err)
 		}
 	}
+	var turns *rate.Limiter
+	if pace > 0 {
+		turns = rate.NewLimiter(rate.Limit(pace), 1)
+	}
 	for range floorWorkers {
-		go func() {
-			for {
-				job, shut := jobs.Get()
-				if shut {
-					return
-				}
-				f.run(job)
-				jobs.Done(job)
-			}
-		}()
+		go f.work(ctx, jobs, turns)
 	}
 	informers, err := cache.New(cfg, cache.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
@@ -178,6 +177,24 @@ func (f *floor) serve(freed *config.StaticHost) {
 		f.free[h]--
 		f.holding[task] = h
 		f.write(floorJob{task: task, host: h})
+	}
+}
+
+// work runs jobs until they shut down or ctx ends. With turns (a pace), each assignment waits
+// its turn first; a release never waits, so that a slot freed is served as soon as the pace
+// allows.
+func (f *floor) work(ctx context.Context, jobs workqueue.TypedInterface[floorJob], turns *rate.Limiter) {
+	for {
+		job, shut := jobs.Get()
+		if shut {
+			return
+		}
+		if turns != nil && !job.release && turns.Wait(ctx) != nil {
+			jobs.Done(job)
+			return
+		}
+		f.run(job)
+		jobs.Done(job)
 	}
 }
 

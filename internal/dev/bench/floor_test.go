@@ -1,13 +1,17 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"knative.dev/pkg/apis"
 
 	"github.com/berth-ci/berth/internal/config"
@@ -94,5 +98,54 @@ func TestFloorKeepsCapacityAndOrder(t *testing.T) {
 	}
 	if r.free[a] != 1 || r.free[b] != 1 || len(r.holding) != 0 || len(r.line) != 0 {
 		t.Errorf("at the end: free a %d b %d, holding %v, line %v; want every slot free", r.free[a], r.free[b], r.holding, r.line)
+	}
+}
+
+// At a pace, an assignment waits for its turn and a release does not: the floor's workers
+// keep freeing slots while assignments queue behind the pace.
+func TestAPacedFloorHoldsAssignmentsNotReleases(t *testing.T) {
+	h := &config.StaticHost{Name: "a", Address: "10.0.0.1", User: "root", Concurrency: 3}
+	f := newFloor([]*config.StaticHost{h})
+	wrote := make(chan string, 10)
+	f.label = func(task types.NamespacedName, host string) { wrote <- fmt.Sprintf("label %s=%q", task.Name, host) }
+	f.secret = func(types.NamespacedName, *config.StaticHost) {}
+	f.write = func(floorJob) {} // a release serves nobody here: the line is empty
+	jobs := workqueue.NewTyped[floorJob]()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// One turn at once, the next in about eleven days: the second assignment waits.
+	turns := rate.NewLimiter(rate.Limit(1e-6), 1)
+	done := make(chan struct{})
+	for range 2 {
+		go func() { f.work(ctx, jobs, turns); done <- struct{}{} }()
+	}
+	next := func() string {
+		select {
+		case w := <-wrote:
+			return w
+		case <-time.After(10 * time.Second):
+			t.Fatal("no write")
+			return ""
+		}
+	}
+	task := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: name} }
+	jobs.Add(floorJob{task: task("first"), host: h})
+	if w := next(); w != `label first="a"` {
+		t.Fatalf("first write %s", w)
+	}
+	jobs.Add(floorJob{task: task("second"), host: h})
+	jobs.Add(floorJob{task: task("ended"), host: h, release: true})
+	if w := next(); w != `label ended=""` {
+		t.Fatalf("the release waited behind the paced assignment: %s", w)
+	}
+	select {
+	case w := <-wrote:
+		t.Fatalf("an assignment went before its turn: %s", w)
+	default:
+	}
+	cancel() // the waiting assignment gives up with ctx
+	jobs.ShutDown()
+	for range 2 {
+		<-done
 	}
 }

@@ -22,7 +22,7 @@ func newBenchCommand() *cobra.Command {
 	var (
 		scenario, controllerCmd, baseline, provisioner string
 		logDir, plotPath, pprofDir, tekton             string
-		scale                                          float64
+		scale, floorPace                               float64
 		sweep                                          []float64
 		install                                        []string
 		asJSON, floor                                  bool
@@ -141,7 +141,11 @@ beside them (kube-apiserver-cpu.pprof; read it with the test ground's kube-apise
 --floor runs the floor first on a static scenario: a calibration controller that writes
 only the assigned-host label, the secret and the label's removal, serves in creation order
 and keeps each host's concurrency. Its throughput and utilisation are about what this
-machine allows; the controller's ratios to them are its own cost.
+machine allows; the controller's ratios to them are its own cost. The same requests cost
+this machine more each when they come more slowly, so a controller slower than the floor is
+also priced at a slower pace: --floor-pace N makes the floor assign at most N tasks a second
+(give it the controller's allocations per second), and its CPU per task is then what the
+machine spends at that pace on the floor's writes alone.
 
 --tekton real runs a static scenario with Tekton's own controller and webhook in the loop
 (built by make testbin, as in test/tekton), kube-scheduler placing their pods and kwok
@@ -196,6 +200,10 @@ The command fails when any run was incomplete, after printing every result.`,
 					return fmt.Errorf("--floor serves static hosts only; %s runs on VMs", sc.Name)
 				case floor && chaos > 0:
 					return errors.New("--floor keeps no state across a restart, so --chaos would make it over-commit: run them apart")
+				case floorPace != 0 && !floor:
+					return errors.New("--floor-pace paces the floor: give --floor too")
+				case floorPace < 0:
+					return fmt.Errorf("--floor-pace %g: want tasks a second, or 0 for as fast as the floor can", floorPace)
 				}
 				scenarios = append(scenarios, sc)
 			}
@@ -212,7 +220,11 @@ The command fails when any run was incomplete, after printing every result.`,
 				runs = []controllerRun{{"baseline", baseline}, runs[0]}
 			}
 			if floor {
-				runs = append([]controllerRun{{"floor", self + " " + floorCommandName}}, runs...)
+				floorCmd := self + " " + floorCommandName
+				if floorPace > 0 {
+					floorCmd += fmt.Sprintf(" --pace=%g", floorPace)
+				}
+				runs = append([]controllerRun{{"floor", floorCmd}}, runs...)
 			}
 			labels := map[*bench.Result]string{}
 			var results []*bench.Result
@@ -280,6 +292,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.Float64SliceVar(&sweep, "sweep", nil, "run the scenario at each of these scales (e.g. 0.05,0.1,0.25) and print how the figures grow; overrides --scale")
 	f.StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: the production berth beside berth-dev; berth-dev's own controller, berth's plus the local-vm provider, for the dynamic scenarios or when there is no berth beside it)")
 	f.StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
+	f.Float64Var(&floorPace, "floor-pace", 0, "with --floor: the floor makes at most this many assignments a second, to price this machine's work at a slower controller's pace (give the controller's allocations per second)")
 	f.BoolVar(&floor, "floor", false, "run the floor first on the same scenario (static hosts only): the fewest writes a controller can make, to tell this machine's limits from the controller's")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	f.IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
@@ -296,7 +309,8 @@ The command fails when any run was incomplete, after printing every result.`,
 const floorCommandName = "bench-floor"
 
 func newFloorCommand() *cobra.Command {
-	return &cobra.Command{
+	var pace float64
+	cmd := &cobra.Command{
 		Use:    floorCommandName,
 		Short:  "The bench's floor: a calibration controller for --floor, not for use",
 		Hidden: true,
@@ -310,13 +324,15 @@ func newFloorCommand() *cobra.Command {
 			cfg.QPS, cfg.Burst = cli.DefaultKubeAPIQPS, cli.DefaultKubeAPIBurst
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), cmd.ErrOrStderr())
+			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), pace, cmd.ErrOrStderr())
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		},
 	}
+	cmd.Flags().Float64Var(&pace, "pace", 0, "assignments a second at most (0: as fast as it can)")
+	return cmd
 }
 
 // ownBinary is the binary of the controller the bench runs when no --controller is given: the
