@@ -48,14 +48,7 @@ type mappingKey struct {
 
 // RESTMapping: the one the delegate gave for this kind and versions, or its answer now.
 func (m *rememberingMapper) RESTMapping(gk schema.GroupKind, versions ...string) (*meta.RESTMapping, error) {
-	key := mappingKey{gk: gk}
-	switch len(versions) {
-	case 0:
-	case 1:
-		key.versions = versions[0]
-	default:
-		key.versions = strings.Join(versions, ",")
-	}
+	key := mappingKey{gk: gk, versions: strings.Join(versions, ",")}
 	if found, ok := m.found.Load(key); ok {
 		return found.(*meta.RESTMapping), nil
 	}

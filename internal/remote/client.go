@@ -165,17 +165,8 @@ func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([
 	defer session.Close()
 	var stdout, stderr bytes.Buffer
 	session.Stdout, session.Stderr = &stdout, &stderr
-	// stdin goes straight into the channel: given as session.Stdin, the library would copy it
-	// through a pipe with a buffer of 32 KiB per session.
-	var in io.WriteCloser
-	if stdin != nil {
-		if in, err = session.StdinPipe(); err != nil {
-			c.broken = true
-			return nil, fmt.Errorf("ssh %s: stdin: %w", c.target.Address, err)
-		}
-	}
 	done := make(chan error, 1)
-	go func() { done <- runWith(session, command, in, stdin) }()
+	go func() { done <- runWith(session, command, stdin) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -195,8 +186,17 @@ func (c *Client) Run(ctx context.Context, name, command string, stdin []byte) ([
 	return stdout.Bytes(), nil
 }
 
-// runWith runs command in session, writes stdin to in (when there is one) and closes it.
-func runWith(session *ssh.Session, command string, in io.WriteCloser, stdin []byte) error {
+// runWith runs command in session with stdin, if any. stdin goes straight into the channel:
+// given as session.Stdin, the library would copy it through a pipe with a buffer of 32 KiB
+// per session.
+func runWith(session *ssh.Session, command string, stdin []byte) error {
+	var in io.WriteCloser
+	if stdin != nil {
+		var err error
+		if in, err = session.StdinPipe(); err != nil {
+			return err
+		}
+	}
 	if err := session.Start(command); err != nil {
 		return err
 	}

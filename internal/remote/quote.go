@@ -31,15 +31,23 @@ func Quote(s string) (string, error) {
 // Command joins argv into a command line in which every argument, whatever it holds, reaches
 // the program as exactly itself.
 func Command(argv ...string) (string, error) {
-	words := make([]string, len(argv))
-	for i, a := range argv {
-		q, err := Quote(a)
-		if err != nil {
-			return "", err
-		}
-		words[i] = q
+	words, err := appendQuoted(make([]string, 0, len(argv)), argv)
+	if err != nil {
+		return "", err
 	}
 	return strings.Join(words, " "), nil
+}
+
+// appendQuoted appends each of argv to words as one shell word (Quote).
+func appendQuoted(words, argv []string) ([]string, error) {
+	for _, a := range argv {
+		q, err := Quote(a)
+		if err != nil {
+			return nil, err
+		}
+		words = append(words, q)
+	}
+	return words, nil
 }
 
 // Script returns the command line that runs a fixed shell script with args as its positional
@@ -55,21 +63,12 @@ func ScriptVia(via []string, script string, args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	words := make([]string, 0, len(via)+4+len(args))
-	for _, w := range via {
-		q, err := Quote(w)
-		if err != nil {
-			return "", err
-		}
-		words = append(words, q)
+	words, err := appendQuoted(make([]string, 0, len(via)+4+len(args)), via)
+	if err != nil {
+		return "", err
 	}
-	words = append(words, "sh", "-c", quotedScript, "berth")
-	for _, a := range args {
-		q, err := Quote(a)
-		if err != nil {
-			return "", err
-		}
-		words = append(words, q)
+	if words, err = appendQuoted(append(words, "sh", "-c", quotedScript, "berth"), args); err != nil {
+		return "", err
 	}
 	return strings.Join(words, " "), nil
 }

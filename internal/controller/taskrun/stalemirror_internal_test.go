@@ -159,11 +159,6 @@ func TestARecordDeletedIsGoneWhileTheCacheStillShowsIt(t *testing.T) {
 		}
 		return len(recs)
 	}
-	held := func() int {
-		n := 0
-		rs.dropped.Range(func(any, any) bool { n++; return true })
-		return n
-	}
 
 	recs, err := rs.of(ctx, key)
 	if err != nil || len(recs) != 1 {
@@ -186,7 +181,7 @@ func TestARecordDeletedIsGoneWhileTheCacheStillShowsIt(t *testing.T) {
 	q := priorityqueue.New[reconcile.Request]("test")
 	defer q.ShutDown()
 	r.recordEvents().Delete(ctx, event.DeleteEvent{Object: gone}, q)
-	if n, kept := records(), held(); n != 0 || kept != 0 {
+	if n, kept := records(), marked(rs); n != 0 || kept != 0 {
 		t.Fatalf("after the watch's delete event: %d records shown, %d kept", n, kept)
 	}
 	if item, _, _ := q.GetWithPriority(); item.NamespacedName != key {
@@ -210,10 +205,8 @@ func TestARecordDeletedIsGoneWhileTheCacheStillShowsIt(t *testing.T) {
 	if err := fast.drop(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	fast.dropped.Range(func(any, any) bool { n++; return true })
-	if n != 0 {
-		t.Fatalf("the cache had let the record go, and the store keeps %d", n)
+	if kept := marked(fast); kept != 0 {
+		t.Fatalf("the cache had let the record go, and the store keeps %d", kept)
 	}
 	// A delete the apiserver refuses (the record changed since it was read) leaves nothing
 	// marked either.
@@ -225,12 +218,14 @@ func TestARecordDeletedIsGoneWhileTheCacheStillShowsIt(t *testing.T) {
 	if err := refusing.drop(ctx, rec.DeepCopy()); !apierrors.IsConflict(err) {
 		t.Fatalf("a refused delete: %v", err)
 	}
-	held = func() int {
-		n := 0
-		refusing.dropped.Range(func(any, any) bool { n++; return true })
-		return n
-	}
-	if kept := held(); kept != 0 {
+	if kept := marked(refusing); kept != 0 {
 		t.Fatalf("a refused delete left %d records marked gone", kept)
 	}
+}
+
+// marked counts the records rs holds as deleted while the cache may still show them.
+func marked(rs *recordStore) int {
+	n := 0
+	rs.dropped.Range(func(any, any) bool { n++; return true })
+	return n
 }

@@ -184,6 +184,12 @@ The command fails when any run was incomplete, after printing every result.`,
 			if ownController {
 				controllerCmd = bench.BerthController(ownBinary(self, scenario), provisioner)
 			}
+			switch {
+			case floorPace != 0 && !floor:
+				return errors.New("--floor-pace paces the floor: give --floor too")
+			case floorPace < 0:
+				return fmt.Errorf("--floor-pace %g: want tasks a second, or 0 for as fast as the floor can", floorPace)
+			}
 			scales := []float64{scale}
 			if len(sweep) > 0 {
 				scales = sweep
@@ -200,10 +206,6 @@ The command fails when any run was incomplete, after printing every result.`,
 					return fmt.Errorf("--floor serves static hosts only; %s runs on VMs", sc.Name)
 				case floor && chaos > 0:
 					return errors.New("--floor keeps no state across a restart, so --chaos would make it over-commit: run them apart")
-				case floorPace != 0 && !floor:
-					return errors.New("--floor-pace paces the floor: give --floor too")
-				case floorPace < 0:
-					return fmt.Errorf("--floor-pace %g: want tasks a second, or 0 for as fast as the floor can", floorPace)
 				}
 				scenarios = append(scenarios, sc)
 			}
