@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"sync"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
@@ -21,6 +20,7 @@ import (
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
+	"github.com/berth-ci/berth/internal/remote"
 )
 
 // The floor: a calibration controller that serves the static scenarios with the fewest
@@ -31,16 +31,36 @@ import (
 // restart safety. It keeps each host's concurrency and serves tasks in creation order, and
 // it hands a freed slot straight to the next task in line. It is not a controller anyone
 // should run: it keeps too little of the contract.
+//
+// The safe floor (FloorOptions.Safe) does, on the same bookkeeping, the work berth cannot
+// leave out and nothing else: a record of each assignment in the controller's namespace,
+// written before the host is touched and deleted after its build user is gone (what a restart
+// needs to find every user it owes a host), the contract's finalizer beside the label, and the
+// build user itself, made over SSH with a fresh key before the secret and removed after the
+// task (berth's own host scripts, through berth's connection pool). Its rate is what any
+// controller doing that work can reach on the machine: no waiting label, Event, seal, check
+// of a tenant's edit or recovery after a restart.
 
-// floorWorkers is how many writes the floor has under way at once.
-const floorWorkers = 20
+// floorWorkers is how many jobs the floor has under way at once; the safe floor's wait on
+// SSH as well, so it has as many as berth has reconciles and host jobs together (10 + 32).
+const (
+	floorWorkers     = 20
+	safeFloorWorkers = 42
+)
+
+// FloorOptions choose which floor runs, and how fast.
+type FloorOptions struct {
+	// Pace, above 0, is at most how many assignments a second the floor makes: a floor as
+	// slow as a given controller, to price the machine's work at that controller's pace (a
+	// machine serving the same requests more slowly spends more on each; docs/task-cost.md).
+	Pace float64
+	// Safe runs the safe floor: records, the finalizer and build users over SSH besides.
+	Safe bool
+}
 
 // RunFloor serves the static hosts of the config ConfigMap in namespace until ctx ends,
-// telling log of each write that failed. With a pace above 0 it makes at most that many
-// assignments a second: a floor as slow as a given controller, to price the machine's work
-// at that controller's pace (a machine serving the same requests more slowly spends more on
-// each; docs/task-cost.md).
-func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, pace float64, log io.Writer) error {
+// telling log of each write that failed.
+func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, o FloorOptions, log io.Writer) error {
 	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
 		return err
@@ -66,32 +86,24 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, pace floa
 		jobs.ShutDown()
 	}()
 	f.write = jobs.Add
-	f.label = func(task types.NamespacedName, host string) {
-		value := "null"
-		if host != "" {
-			value = strconv.Quote(host)
+	workers := floorWorkers
+	if o.Safe {
+		w := &safeWrites{ctx: ctx, c: c, namespace: namespace, uids: parsed.BuildUIDs, pool: remote.NewPool(2*time.Minute, 4), log: log}
+		if err := w.readAdminKeys(parsed.Hosts); err != nil {
+			return err
 		}
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, contract.AssignedHostLabel, value)
-		tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: task.Namespace, Name: task.Name}}
-		if err := c.Patch(ctx, tr, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
-			fmt.Fprintf(log, "floor: labelling %s: %v\n", task, err)
-		}
-	}
-	f.secret = func(task types.NamespacedName, h *config.StaticHost) {
-		err := c.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: contract.SecretPrefix + task.Name, Namespace: task.Namespace,
-				Labels: map[string]string{contract.SecretLabel: "true"}},
-			Data: map[string][]byte{"host": []byte(h.User + "@" + h.Address), "id_rsa": []byte("floor"), "user-dir": []byte("/home/floor")},
-		})
-		if err != nil {
-			fmt.Fprintf(log, "floor: the secret of %s: %v\n", task, err)
-		}
+		defer w.pool.Close()
+		f.hand, f.free = w.hand, w.free
+		workers = safeFloorWorkers
+	} else {
+		w := plainWrites{ctx: ctx, c: c, log: log}
+		f.hand, f.free = w.hand, w.free
 	}
 	var turns *rate.Limiter
-	if pace > 0 {
-		turns = rate.NewLimiter(rate.Limit(pace), 1)
+	if o.Pace > 0 {
+		turns = rate.NewLimiter(rate.Limit(o.Pace), 1)
 	}
-	for range floorWorkers {
+	for range workers {
 		go f.work(ctx, jobs, turns)
 	}
 	informers, err := cache.New(cfg, cache.Options{Scheme: controlplane.Scheme()})
@@ -108,6 +120,7 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, pace floa
 // off and freeing its slot.
 type floorJob struct {
 	task    types.NamespacedName
+	uid     types.UID
 	host    *config.StaticHost
 	release bool
 }
@@ -116,21 +129,22 @@ type floorJob struct {
 type floor struct {
 	mu      sync.Mutex
 	hosts   []*config.StaticHost
-	free    map[*config.StaticHost]int
+	slots   map[*config.StaticHost]int // free slots of each host
 	holding map[types.NamespacedName]*config.StaticHost
+	uids    map[types.NamespacedName]types.UID // of the tasks in line or holding a slot
 	inLine  map[types.NamespacedName]bool
 	line    []types.NamespacedName
 
-	write  func(job floorJob) // queues job for a worker, which runs it
-	label  func(task types.NamespacedName, host string)
-	secret func(task types.NamespacedName, host *config.StaticHost)
+	write func(job floorJob) // queues job for a worker, which runs it
+	hand  func(job floorJob) // an assignment's writes, up to the secret
+	free  func(job floorJob) // a release's writes, before its slot is free again
 }
 
 func newFloor(hosts []*config.StaticHost) *floor {
-	f := &floor{hosts: hosts, free: map[*config.StaticHost]int{}, holding: map[types.NamespacedName]*config.StaticHost{},
-		inLine: map[types.NamespacedName]bool{}}
+	f := &floor{hosts: hosts, slots: map[*config.StaticHost]int{}, holding: map[types.NamespacedName]*config.StaticHost{},
+		uids: map[types.NamespacedName]types.UID{}, inLine: map[types.NamespacedName]bool{}}
 	for _, h := range hosts {
-		f.free[h] = h.Concurrency
+		f.slots[h] = h.Concurrency
 	}
 	return f
 }
@@ -147,9 +161,11 @@ func (f *floor) seen(tr *pipelinev1.TaskRun) {
 	switch {
 	case tr.IsDone() && held:
 		delete(f.holding, task)
-		f.write(floorJob{task: task, host: h, release: true})
+		f.write(floorJob{task: task, uid: f.uids[task], host: h, release: true})
+		delete(f.uids, task)
 	case !tr.IsDone() && !held && !f.inLine[task] && tr.Labels[contract.AssignedHostLabel] == "":
 		f.inLine[task] = true
+		f.uids[task] = tr.UID
 		f.line = append(f.line, task)
 		f.serve(nil)
 	}
@@ -159,10 +175,10 @@ func (f *floor) seen(tr *pipelinev1.TaskRun) {
 func (f *floor) serve(freed *config.StaticHost) {
 	for len(f.line) > 0 {
 		h := freed
-		if h == nil || f.free[h] == 0 {
+		if h == nil || f.slots[h] == 0 {
 			h = nil
 			for _, c := range f.hosts {
-				if f.free[c] > 0 {
+				if f.slots[c] > 0 {
 					h = c
 					break
 				}
@@ -174,9 +190,9 @@ func (f *floor) serve(freed *config.StaticHost) {
 		task := f.line[0]
 		f.line = f.line[1:]
 		delete(f.inLine, task)
-		f.free[h]--
+		f.slots[h]--
 		f.holding[task] = h
-		f.write(floorJob{task: task, host: h})
+		f.write(floorJob{task: task, uid: f.uids[task], host: h})
 	}
 }
 
@@ -201,13 +217,12 @@ func (f *floor) work(ctx context.Context, jobs workqueue.TypedInterface[floorJob
 // run makes a job's writes; a release then frees the slot and serves the line.
 func (f *floor) run(job floorJob) {
 	if !job.release {
-		f.label(job.task, job.host.Name)
-		f.secret(job.task, job.host)
+		f.hand(job)
 		return
 	}
-	f.label(job.task, "")
+	f.free(job)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.free[job.host]++
+	f.slots[job.host]++
 	f.serve(job.host)
 }

@@ -32,11 +32,19 @@ func newFloorRig(hosts ...*config.StaticHost) *floorRig {
 		defer r.mu.Lock()
 		r.run(job)
 	}
-	r.label = func(task types.NamespacedName, host string) {
-		r.writes = append(r.writes, fmt.Sprintf("label %s=%q", task.Name, host))
+	uidOf := func(job floorJob) {
+		if want := types.UID("uid-" + job.task.Name); job.uid != want {
+			r.writes = append(r.writes, fmt.Sprintf("%s with UID %q, want %q", job.task.Name, job.uid, want))
+		}
 	}
-	r.secret = func(task types.NamespacedName, h *config.StaticHost) {
-		r.writes = append(r.writes, fmt.Sprintf("secret %s %s@%s", task.Name, h.User, h.Address))
+	r.hand = func(job floorJob) {
+		uidOf(job)
+		r.writes = append(r.writes, fmt.Sprintf("label %s=%q", job.task.Name, job.host.Name),
+			fmt.Sprintf("secret %s %s@%s", job.task.Name, job.host.User, job.host.Address))
+	}
+	r.free = func(job floorJob) {
+		uidOf(job)
+		r.writes = append(r.writes, fmt.Sprintf("label %s=\"\"", job.task.Name))
 	}
 	return r
 }
@@ -49,6 +57,7 @@ func (r *floorRig) take() []string {
 
 func floorTask(name string, done bool, labels map[string]string) *pipelinev1.TaskRun {
 	tr := userTask(name)
+	tr.UID = types.UID("uid-" + name) // the safe floor's records and build users are named by it
 	tr.Labels = labels
 	if done {
 		tr.Status.SetCondition(&apis.Condition{Type: apis.ConditionSucceeded, Status: corev1.ConditionTrue})
@@ -96,8 +105,8 @@ func TestFloorKeepsCapacityAndOrder(t *testing.T) {
 	if got, want := r.take(), []string{`label t1=""`, `label t4="a"`, "secret t4 root@10.0.0.1", `label t3=""`, `label t4=""`}; !slices.Equal(got, want) {
 		t.Fatalf("the rest: wrote %q, want %q", got, want)
 	}
-	if r.free[a] != 1 || r.free[b] != 1 || len(r.holding) != 0 || len(r.line) != 0 {
-		t.Errorf("at the end: free a %d b %d, holding %v, line %v; want every slot free", r.free[a], r.free[b], r.holding, r.line)
+	if r.slots[a] != 1 || r.slots[b] != 1 || len(r.holding) != 0 || len(r.line) != 0 || len(r.uids) != 0 {
+		t.Errorf("at the end: free a %d b %d, holding %v, line %v, UIDs %v; want every slot free", r.slots[a], r.slots[b], r.holding, r.line, r.uids)
 	}
 }
 
@@ -107,8 +116,8 @@ func TestAPacedFloorHoldsAssignmentsNotReleases(t *testing.T) {
 	h := &config.StaticHost{Name: "a", Address: "10.0.0.1", User: "root", Concurrency: 3}
 	f := newFloor([]*config.StaticHost{h})
 	wrote := make(chan string, 10)
-	f.label = func(task types.NamespacedName, host string) { wrote <- fmt.Sprintf("label %s=%q", task.Name, host) }
-	f.secret = func(types.NamespacedName, *config.StaticHost) {}
+	f.hand = func(job floorJob) { wrote <- fmt.Sprintf("label %s=%q", job.task.Name, job.host.Name) }
+	f.free = func(job floorJob) { wrote <- fmt.Sprintf("label %s=\"\"", job.task.Name) }
 	f.write = func(floorJob) {} // a release serves nobody here: the line is empty
 	jobs := workqueue.NewTyped[floorJob]()
 	ctx, cancel := context.WithCancel(context.Background())

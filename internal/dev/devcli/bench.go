@@ -25,7 +25,7 @@ func newBenchCommand() *cobra.Command {
 		scale, floorPace                               float64
 		sweep                                          []float64
 		install                                        []string
-		asJSON, floor                                  bool
+		asJSON, floor, safeFloor                       bool
 		chaos                                          int
 	)
 	cmd := &cobra.Command{
@@ -147,6 +147,14 @@ also priced at a slower pace: --floor-pace N makes the floor assign at most N ta
 (give it the controller's allocations per second), and its CPU per task is then what the
 machine spends at that pace on the floor's writes alone.
 
+--safe-floor runs the safe floor before the controller: the floor's bookkeeping doing the
+work berth cannot leave out and nothing else. Per task it writes a record in berth-system
+before touching the host, the label with the contract's finalizer, makes the build user with
+a fresh key over SSH (berth's host scripts), writes the secret; once the task is done it
+removes the user, takes the label and finalizer off and deletes the record: 5 writes and 2
+SSH commands. Its rate is what any controller doing that work reaches on this machine.
+--floor-pace paces it too.
+
 --tekton real runs a static scenario with Tekton's own controller and webhook in the loop
 (built by make testbin, as in test/tekton), kube-scheduler placing their pods and kwok
 playing the kubelet: Tekton resolves each user TaskRun and makes its pod, which starts once
@@ -185,8 +193,8 @@ The command fails when any run was incomplete, after printing every result.`,
 				controllerCmd = bench.BerthController(ownBinary(self, scenario), provisioner)
 			}
 			switch {
-			case floorPace != 0 && !floor:
-				return errors.New("--floor-pace paces the floor: give --floor too")
+			case floorPace != 0 && !floor && !safeFloor:
+				return errors.New("--floor-pace paces the floor: give --floor or --safe-floor too")
 			case floorPace < 0:
 				return fmt.Errorf("--floor-pace %g: want tasks a second, or 0 for as fast as the floor can", floorPace)
 			}
@@ -202,10 +210,10 @@ The command fails when any run was incomplete, after printing every result.`,
 				}
 				sc.Chaos = chaos
 				switch {
-				case floor && sc.MaxInstances > 0:
-					return fmt.Errorf("--floor serves static hosts only; %s runs on VMs", sc.Name)
-				case floor && chaos > 0:
-					return errors.New("--floor keeps no state across a restart, so --chaos would make it over-commit: run them apart")
+				case (floor || safeFloor) && sc.MaxInstances > 0:
+					return fmt.Errorf("--floor and --safe-floor serve static hosts only; %s runs on VMs", sc.Name)
+				case (floor || safeFloor) && chaos > 0:
+					return errors.New("the floors keep no state across a restart, so --chaos would make them over-commit: run them apart")
 				}
 				scenarios = append(scenarios, sc)
 			}
@@ -221,11 +229,14 @@ The command fails when any run was incomplete, after printing every result.`,
 			if baseline != "" {
 				runs = []controllerRun{{"baseline", baseline}, runs[0]}
 			}
+			floorCmd := self + " " + floorCommandName
+			if floorPace > 0 {
+				floorCmd += fmt.Sprintf(" --pace=%g", floorPace)
+			}
+			if safeFloor {
+				runs = append([]controllerRun{{"safe-floor", floorCmd + " --safe"}}, runs...)
+			}
 			if floor {
-				floorCmd := self + " " + floorCommandName
-				if floorPace > 0 {
-					floorCmd += fmt.Sprintf(" --pace=%g", floorPace)
-				}
 				runs = append([]controllerRun{{"floor", floorCmd}}, runs...)
 			}
 			labels := map[*bench.Result]string{}
@@ -295,6 +306,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.StringVar(&controllerCmd, "controller", "", "command line of the controller under test (default: the production berth beside berth-dev; berth-dev's own controller, berth's plus the local-vm provider, for the dynamic scenarios or when there is no berth beside it)")
 	f.StringVar(&baseline, "baseline", "", "command line of another controller to run first on the same scenario, for ratios")
 	f.Float64Var(&floorPace, "floor-pace", 0, "with --floor: the floor makes at most this many assignments a second, to price this machine's work at a slower controller's pace (give the controller's allocations per second)")
+	f.BoolVar(&safeFloor, "safe-floor", false, "run the safe floor before the controller (static hosts only): the floor's writes plus the work berth cannot leave out (a record per assignment, the finalizer, a build user made and removed over SSH), to tell that work's cost from the rest of the controller's")
 	f.BoolVar(&floor, "floor", false, "run the floor first on the same scenario (static hosts only): the fewest writes a controller can make, to tell this machine's limits from the controller's")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	f.IntVar(&chaos, "chaos", 0, "kill the controller (SIGKILL) this many times at random moments of the run, starting it again at once")
@@ -311,7 +323,10 @@ The command fails when any run was incomplete, after printing every result.`,
 const floorCommandName = "bench-floor"
 
 func newFloorCommand() *cobra.Command {
-	var pace float64
+	var (
+		pace float64
+		safe bool
+	)
 	cmd := &cobra.Command{
 		Use:    floorCommandName,
 		Short:  "The bench's floor: a calibration controller for --floor, not for use",
@@ -326,7 +341,7 @@ func newFloorCommand() *cobra.Command {
 			cfg.QPS, cfg.Burst = cli.DefaultKubeAPIQPS, cli.DefaultKubeAPIBurst
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), pace, cmd.ErrOrStderr())
+			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), bench.FloorOptions{Pace: pace, Safe: safe}, cmd.ErrOrStderr())
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -334,6 +349,7 @@ func newFloorCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().Float64Var(&pace, "pace", 0, "assignments a second at most (0: as fast as it can)")
+	cmd.Flags().BoolVar(&safe, "safe", false, "the safe floor: records, the finalizer and build users over SSH besides")
 	return cmd
 }
 

@@ -138,7 +138,9 @@ func TestBenchRefusesWhatItCannotDo(t *testing.T) {
 		{[]string{"--scale", "0", "--log-dir", t.TempDir()}, "want more than 0"},
 		{[]string{"--scenario", "dynamic", "--floor", "--log-dir", t.TempDir()}, "static hosts only"},
 		{[]string{"--floor", "--chaos", "2", "--log-dir", t.TempDir()}, "run them apart"},
-		{[]string{"--floor-pace", "30", "--log-dir", t.TempDir()}, "give --floor too"},
+		{[]string{"--floor-pace", "30", "--log-dir", t.TempDir()}, "give --floor or --safe-floor too"},
+		{[]string{"--scenario", "dynamic", "--safe-floor", "--log-dir", t.TempDir()}, "static hosts only"},
+		{[]string{"--safe-floor", "--chaos", "2", "--log-dir", t.TempDir()}, "run them apart"},
 		{[]string{"--floor", "--floor-pace", "-1", "--log-dir", t.TempDir()}, "want tasks a second"},
 	} {
 		cmd := NewRootCommand()

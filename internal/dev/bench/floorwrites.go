@@ -1,0 +1,176 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+
+	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/remote"
+)
+
+// plainWrites are the floor's: the label and a secret with a dummy key, the label's removal.
+type plainWrites struct {
+	ctx context.Context
+	c   client.Client
+	log io.Writer
+}
+
+func (w plainWrites) hand(job floorJob) {
+	if err := labelTask(w.ctx, w.c, job.task, job.host.Name, false); err != nil {
+		fmt.Fprintf(w.log, "floor: labelling %s: %v\n", job.task, err)
+	}
+	if err := createTaskSecret(w.ctx, w.c, job.task, job.host.User+"@"+job.host.Address, "floor", "/home/floor"); err != nil {
+		fmt.Fprintf(w.log, "floor: the secret of %s: %v\n", job.task, err)
+	}
+}
+
+func (w plainWrites) free(job floorJob) {
+	if err := labelTask(w.ctx, w.c, job.task, "", false); err != nil {
+		fmt.Fprintf(w.log, "floor: releasing %s: %v\n", job.task, err)
+	}
+}
+
+// safeWrites are the safe floor's: records, the finalizer and build users besides.
+type safeWrites struct {
+	ctx       context.Context
+	c         client.Client
+	namespace string
+	uids      config.UIDRange
+	pool      *remote.Pool
+	log       io.Writer
+	// targets reach each host as its admin, read once at the start.
+	targets map[*config.StaticHost]remote.Target
+}
+
+// readAdminKeys reads each host's admin key once: the safe floor measures the work of a
+// task, and berth too keeps its admin keys rather than reading them per task.
+func (w *safeWrites) readAdminKeys(hosts []*config.StaticHost) error {
+	w.targets = map[*config.StaticHost]remote.Target{}
+	signers := map[string]ssh.Signer{}
+	for _, h := range hosts {
+		signer, ok := signers[h.Secret]
+		if !ok {
+			var s corev1.Secret
+			if err := w.c.Get(w.ctx, types.NamespacedName{Namespace: w.namespace, Name: h.Secret}, &s); err != nil {
+				return fmt.Errorf("the admin key of host %s: %w", h.Name, err)
+			}
+			var err error
+			if signer, err = ssh.ParsePrivateKey(s.Data["id_rsa"]); err != nil {
+				return fmt.Errorf("the admin key of host %s: %w", h.Name, err)
+			}
+			signers[h.Secret] = signer
+		}
+		if h.HostKey == "" {
+			return fmt.Errorf("the safe floor wants pinned host keys; host %s has none", h.Name)
+		}
+		pinned, err := remote.ParsePinned(h.HostKey)
+		if err != nil {
+			return err
+		}
+		w.targets[h] = remote.Target{Address: h.Address, User: h.User, Signer: signer, HostKeys: pinned, Pool: w.pool}
+	}
+	return nil
+}
+
+// hand writes the record, labels the task and puts the finalizer on it, makes the build user
+// with a fresh key and hands the secret over: berth's order, a record before the host.
+func (w *safeWrites) hand(job floorJob) {
+	ctx := w.ctx
+	user := hostops.UserNameFor(string(job.host.Platform), string(job.uid), 0)
+	rec := w.record(job, user)
+	if err := w.c.Create(ctx, rec); err != nil {
+		fmt.Fprintf(w.log, "safe floor: the record of %s: %v\n", job.task, err)
+		return
+	}
+	if err := labelTask(ctx, w.c, job.task, job.host.Name, true); err != nil {
+		fmt.Fprintf(w.log, "safe floor: labelling %s: %v\n", job.task, err)
+		return
+	}
+	private, authorized, err := hostops.NewKey(config.DefaultKeyType, job.task.String())
+	if err != nil {
+		fmt.Fprintf(w.log, "safe floor: a key for %s: %v\n", job.task, err)
+		return
+	}
+	dir, err := hostops.CreateUserOn(ctx, w.targets[job.host], string(job.host.Platform), hostops.NewUser{
+		Name: user, AuthorizedKey: authorized, Owner: job.task.String() + " " + string(job.uid), UIDs: w.uids})
+	if err != nil {
+		fmt.Fprintf(w.log, "safe floor: the build user of %s: %v\n", job.task, err)
+		return
+	}
+	if err := createTaskSecret(ctx, w.c, job.task, user+"@"+job.host.Address, string(private), dir); err != nil {
+		fmt.Fprintf(w.log, "safe floor: the secret of %s: %v\n", job.task, err)
+	}
+}
+
+// free removes the build user, takes the label and finalizer off, and deletes the record.
+func (w *safeWrites) free(job floorJob) {
+	ctx := w.ctx
+	user := hostops.UserNameFor(string(job.host.Platform), string(job.uid), 0)
+	if err := hostops.CleanOn(ctx, w.targets[job.host], string(job.host.Platform), user); err != nil {
+		fmt.Fprintf(w.log, "safe floor: removing the build user of %s: %v\n", job.task, err)
+		return
+	}
+	if err := labelTask(ctx, w.c, job.task, "", true); err != nil {
+		fmt.Fprintf(w.log, "safe floor: releasing %s: %v\n", job.task, err)
+	}
+	rec := &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Namespace: w.namespace, Name: string(job.uid)}}
+	if err := w.c.Delete(ctx, rec); err != nil {
+		fmt.Fprintf(w.log, "safe floor: deleting the record of %s: %v\n", job.task, err)
+	}
+}
+
+// record is an assignment's record, with what berth's holds while a user is made.
+func (w *safeWrites) record(job floorJob, user string) *berthv1.Allocation {
+	h := job.host
+	return &berthv1.Allocation{
+		ObjectMeta: metav1.ObjectMeta{Name: string(job.uid), Namespace: w.namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "berth"}},
+		Spec: berthv1.AllocationSpec{
+			TaskRun:  berthv1.TaskRunRef{Namespace: job.task.Namespace, Name: job.task.Name, UID: job.uid},
+			Platform: string(h.Platform), Strategy: string(config.StrategyStatic), Queued: metav1.Now(),
+		},
+		Status: berthv1.AllocationStatus{
+			Phase: berthv1.PhaseProvisioning, BuildUser: user,
+			Login: &berthv1.HostLogin{Host: h.Name, Address: h.Address, AdminUser: h.User, AdminSecret: h.Secret,
+				HostKey: h.HostKey, Platform: string(h.Platform)},
+		},
+	}
+}
+
+// labelTask sets the assigned-host label of a task, or takes it off (host ""); with
+// finalizer, the contract's finalizer goes on or off with it.
+func labelTask(ctx context.Context, c client.Client, task types.NamespacedName, host string, finalizer bool) error {
+	value, finalizers := "null", "null"
+	if host != "" {
+		value, finalizers = strconv.Quote(host), strconv.Quote(contract.Finalizer)
+		finalizers = "[" + finalizers + "]"
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, contract.AssignedHostLabel, value)
+	if finalizer {
+		patch = fmt.Sprintf(`{"metadata":{"labels":{%q:%s},"finalizers":%s}}`, contract.AssignedHostLabel, value, finalizers)
+	}
+	tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: task.Namespace, Name: task.Name}}
+	return c.Patch(ctx, tr, client.RawPatch(types.MergePatchType, []byte(patch)))
+}
+
+// createTaskSecret hands a task its secret: where to log in (user@address), a key and the
+// user's directory.
+func createTaskSecret(ctx context.Context, c client.Client, task types.NamespacedName, login, key, dir string) error {
+	return c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: contract.SecretPrefix + task.Name, Namespace: task.Namespace,
+			Labels: map[string]string{contract.SecretLabel: "true"}},
+		Data: map[string][]byte{"host": []byte(login), "id_rsa": []byte(key), "user-dir": []byte(dir)},
+	})
+}
