@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -94,13 +93,8 @@ const (
 )
 
 func classifyUser(tr *pipelinev1.TaskRun) kind {
-	if contract.Platform(tr) == "" || tr.Status.TaskSpec == nil {
-		return unrelated
-	}
-	for _, v := range tr.Status.TaskSpec.Volumes {
-		if v.Secret != nil && strings.HasPrefix(v.Secret.SecretName, contract.SecretPrefix) {
-			return userTask
-		}
+	if contract.ResolvedUserTask(tr) {
+		return userTask
 	}
 	return unrelated
 }

@@ -33,13 +33,15 @@ import (
 // should run: it keeps too little of the contract.
 //
 // The safe floor (FloorOptions.Safe) does, on the same bookkeeping, the work berth cannot
-// leave out and nothing else: a record of each assignment in the controller's namespace,
-// written before the host is touched and deleted after its build user is gone (what a restart
-// needs to find every user it owes a host), the contract's finalizer beside the label, and the
-// build user itself, made over SSH with a fresh key before the secret and removed after the
-// task (berth's own host scripts, through berth's connection pool). Its rate is what any
-// controller doing that work can reach on the machine: no waiting label, Event, seal, check
-// of a tenant's edit or recovery after a restart.
+// leave out and nothing else. It serves a TaskRun only once Tekton has resolved it into a
+// user task, as the contract says (the plain floor serves one at its creation). It writes a
+// record of each assignment in the controller's namespace before the host is touched and
+// deletes it after the build user is gone: what a restart needs to find every user it owes a
+// host. It puts the contract's finalizer beside the label. It makes the build user over SSH
+// with a fresh key before the secret and removes it after the task, with berth's own host
+// scripts through berth's connection pool. Its rate is what any controller doing that work
+// can reach on the machine: no waiting label, Event, seal, check of a tenant's edit or
+// recovery after a restart.
 
 // floorWorkers is how many jobs the floor has under way at once; the safe floor's wait on
 // SSH as well, so it has as many as berth has reconciles and host jobs together (10 + 32).
@@ -93,7 +95,7 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, o FloorOp
 			return err
 		}
 		defer w.pool.Close()
-		f.hand, f.free = w.hand, w.free
+		f.hand, f.free, f.resolvedOnly = w.hand, w.free, true
 		workers = safeFloorWorkers
 	} else {
 		w := plainWrites{ctx: ctx, c: c, log: log}
@@ -135,6 +137,10 @@ type floor struct {
 	inLine  map[types.NamespacedName]bool
 	line    []types.NamespacedName
 
+	// resolvedOnly serves a TaskRun only once Tekton has resolved it into a user task, as the
+	// contract (and berth) must; the plain floor serves any with a PLATFORM param at once.
+	resolvedOnly bool
+
 	write func(job floorJob) // queues job for a worker, which runs it
 	hand  func(job floorJob) // an assignment's writes, up to the secret
 	free  func(job floorJob) // a release's writes, before its slot is free again
@@ -163,7 +169,8 @@ func (f *floor) seen(tr *pipelinev1.TaskRun) {
 		delete(f.holding, task)
 		f.write(floorJob{task: task, uid: f.uids[task], host: h, release: true})
 		delete(f.uids, task)
-	case !tr.IsDone() && !held && !f.inLine[task] && tr.Labels[contract.AssignedHostLabel] == "":
+	case !tr.IsDone() && !held && !f.inLine[task] && tr.Labels[contract.AssignedHostLabel] == "" &&
+		(!f.resolvedOnly || contract.ResolvedUserTask(tr)):
 		f.inLine[task] = true
 		f.uids[task] = tr.UID
 		f.line = append(f.line, task)

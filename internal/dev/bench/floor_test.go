@@ -158,3 +158,29 @@ func TestAPacedFloorHoldsAssignmentsNotReleases(t *testing.T) {
 		<-done
 	}
 }
+
+// The safe floor serves a TaskRun only once Tekton has resolved it into a user task, as the
+// contract says; the plain floor serves it at once.
+func TestTheSafeFloorWaitsForTektonsResolve(t *testing.T) {
+	h := &config.StaticHost{Name: "a", Address: "10.0.0.1", User: "root", Concurrency: 2}
+	r := newFloorRig(h)
+	r.resolvedOnly = true
+	created := floorTask("t1", false, nil)
+	r.seen(created)
+	if got := r.take(); len(got) != 0 {
+		t.Fatalf("an unresolved TaskRun was served: %q", got)
+	}
+	resolved := created.DeepCopy()
+	resolved.Status.TaskSpec = created.Spec.TaskSpec.DeepCopy()
+	r.seen(resolved)
+	if got, want := r.take(), []string{`label t1="a"`, "secret t1 root@10.0.0.1"}; !slices.Equal(got, want) {
+		t.Fatalf("resolved: wrote %q, want %q", got, want)
+	}
+	// A resolved spec that mounts no task secret is no user task.
+	other := floorTask("t2", false, nil)
+	other.Status.TaskSpec = &pipelinev1.TaskSpec{}
+	r.seen(other)
+	if got := r.take(); len(got) != 0 {
+		t.Fatalf("a TaskRun mounting no task secret was served: %q", got)
+	}
+}
