@@ -148,7 +148,8 @@ also priced at a slower pace: --floor-pace N makes the floor assign at most N ta
 machine spends at that pace on the floor's writes alone.
 
 --safe-floor runs the safe floor before the controller: the floor's bookkeeping doing the
-work berth cannot leave out and nothing else. Per task it writes a record in berth-system
+work berth cannot leave out and nothing else. It serves a task once Tekton has resolved it
+(the contract's rule; the floor serves at creation). Per task it writes a record in berth-system
 before touching the host, the label with the contract's finalizer, makes the build user with
 a fresh key over SSH (berth's host scripts), writes the secret; once the task is done it
 removes the user, takes the label and finalizer off and deletes the record: 5 writes and 2
