@@ -115,12 +115,14 @@ func (w *safeWrites) hand(job floorJob) {
 }
 
 // free removes the build user, takes the label and finalizer off, and deletes the record.
+// A failed removal is logged and the rest goes on: the floor frees the slot after free in any
+// case, and a label left on would count as an over-commit where there is none (berth instead
+// keeps the record and owes the host the clean).
 func (w *safeWrites) free(job floorJob) {
 	ctx := w.ctx
 	user := hostops.UserNameFor(string(job.host.Platform), string(job.uid), 0)
 	if err := hostops.CleanOn(ctx, w.targets[job.host], string(job.host.Platform), user); err != nil {
 		fmt.Fprintf(w.log, "safe floor: removing the build user of %s: %v\n", job.task, err)
-		return
 	}
 	if err := labelTask(ctx, w.c, job.task, "", true); err != nil {
 		fmt.Fprintf(w.log, "safe floor: releasing %s: %v\n", job.task, err)
@@ -150,7 +152,8 @@ func (w *safeWrites) record(job floorJob, user string) *berthv1.Allocation {
 }
 
 // labelTask sets the assigned-host label of a task, or takes it off (host ""); with
-// finalizer, the contract's finalizer goes on or off with it.
+// finalizer, the contract's finalizer goes on or off with it. A merge patch replaces the
+// whole finalizer list: the bench's TaskRuns have no other finalizer.
 func labelTask(ctx context.Context, c client.Client, task types.NamespacedName, host string, finalizer bool) error {
 	value, finalizers := "null", "null"
 	if host != "" {
