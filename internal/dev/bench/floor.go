@@ -43,8 +43,10 @@ import (
 // can reach on the machine: no waiting label, Event, seal, check of a tenant's edit or
 // recovery after a restart.
 
-// floorWorkers is how many jobs the floor has under way at once; the safe floor's wait on
-// SSH as well, so it has as many as berth has reconciles and host jobs together (10 + 32).
+// floorWorkers is how many jobs the floor has under way at once. The safe floor's jobs also
+// wait on SSH, so it has as many workers as berth has reconciles and host jobs together
+// (10 + 32), and keeps its connections as berth's SSH provisioner does (2 minutes idle, 4
+// per host).
 const (
 	floorWorkers     = 20
 	safeFloorWorkers = 42
