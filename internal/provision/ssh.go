@@ -37,8 +37,12 @@ type SSH struct {
 func NewSSH(host HostSide, adminKey func(context.Context, string) (ssh.Signer, error),
 	hostKeys func(berthv1.HostLogin) (remote.HostKeys, error), workers int, notify Notifier) *SSH {
 	return &SSH{Host: host, AdminKey: adminKey, HostKeys: hostKeys, jobs: newJobs(workers, notify),
-		conns: remote.NewPool(2*time.Minute, 4)}
+		conns: NewConnections()}
 }
+
+// NewConnections is the pool of host connections the SSH provisioner keeps between jobs: up
+// to 4 idle connections per host, each for 2 minutes.
+func NewConnections() *remote.Pool { return remote.NewPool(2*time.Minute, 4) }
 
 func (s *SSH) target(ctx context.Context, login berthv1.HostLogin) (remote.Target, error) {
 	signer, err := s.AdminKey(ctx, login.AdminSecret)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	"golang.org/x/time/rate"
@@ -17,10 +16,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-ci/berth/internal/adminkeys"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
-	"github.com/berth-ci/berth/internal/remote"
+	"github.com/berth-ci/berth/internal/provision"
 )
 
 // The floor: a calibration controller that serves the static scenarios with the fewest
@@ -45,8 +45,7 @@ import (
 
 // floorWorkers is how many jobs the floor has under way at once. The safe floor's jobs also
 // wait on SSH, so it has as many workers as berth has reconciles and host jobs together
-// (10 + 32), and keeps its connections as berth's SSH provisioner does (2 minutes idle, 4
-// per host).
+// (10 + 32).
 const (
 	floorWorkers     = 20
 	safeFloorWorkers = 42
@@ -92,8 +91,9 @@ func RunFloor(ctx context.Context, cfg *rest.Config, namespace string, o FloorOp
 	f.write = jobs.Add
 	workers := floorWorkers
 	if o.Safe {
-		w := &safeWrites{ctx: ctx, c: c, namespace: namespace, uids: parsed.BuildUIDs, pool: remote.NewPool(2*time.Minute, 4), log: log}
-		if err := w.readAdminKeys(parsed.Hosts); err != nil {
+		w := &safeWrites{ctx: ctx, c: c, namespace: namespace, uids: parsed.BuildUIDs, pool: provision.NewConnections(), log: log}
+		keys := &adminkeys.Keys{Versions: c, Secrets: c, Namespace: namespace}
+		if err := w.reach(parsed.Hosts, keys); err != nil {
 			return err
 		}
 		defer w.pool.Close()

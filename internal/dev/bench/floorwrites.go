@@ -2,18 +2,18 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/adminkeys"
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/hostops"
@@ -46,31 +46,23 @@ func (w plainWrites) free(job floorJob) {
 type safeWrites struct {
 	ctx       context.Context
 	c         client.Client
-	namespace string
+	namespace string // the controller's: the records
 	uids      config.UIDRange
 	pool      *remote.Pool
 	log       io.Writer
-	// targets reach each host as its admin, read once at the start.
+	// targets reach each host as its admin, from admin keys read once at the start.
 	targets map[*config.StaticHost]remote.Target
 }
 
-// readAdminKeys reads each host's admin key once: the safe floor measures the work of a
-// task, and berth too keeps its admin keys rather than reading them per task.
-func (w *safeWrites) readAdminKeys(hosts []*config.StaticHost) error {
+// reach gets each host's admin key once (hosts sharing a key read it once): the safe floor
+// measures the work of a task, and berth too holds its admin keys rather than reading them
+// per task.
+func (w *safeWrites) reach(hosts []*config.StaticHost, keys *adminkeys.Keys) error {
 	w.targets = map[*config.StaticHost]remote.Target{}
-	signers := map[string]ssh.Signer{}
 	for _, h := range hosts {
-		signer, ok := signers[h.Secret]
-		if !ok {
-			var s corev1.Secret
-			if err := w.c.Get(w.ctx, types.NamespacedName{Namespace: w.namespace, Name: h.Secret}, &s); err != nil {
-				return fmt.Errorf("the admin key of host %s: %w", h.Name, err)
-			}
-			var err error
-			if signer, err = ssh.ParsePrivateKey(s.Data["id_rsa"]); err != nil {
-				return fmt.Errorf("the admin key of host %s: %w", h.Name, err)
-			}
-			signers[h.Secret] = signer
+		signer, err := keys.Signer(w.ctx, h.Secret)
+		if err != nil {
+			return fmt.Errorf("the admin key of host %s: %w", h.Name, err)
 		}
 		if h.HostKey == "" {
 			return fmt.Errorf("the safe floor wants pinned host keys; host %s has none", h.Name)
@@ -155,17 +147,21 @@ func (w *safeWrites) record(job floorJob, user string) *berthv1.Allocation {
 // finalizer, the contract's finalizer goes on or off with it. A merge patch replaces the
 // whole finalizer list: the bench's TaskRuns have no other finalizer.
 func labelTask(ctx context.Context, c client.Client, task types.NamespacedName, host string, finalizer bool) error {
-	value, finalizers := "null", "null"
+	var label any      // null takes the label off
+	var finalizers any // null takes them off
 	if host != "" {
-		value, finalizers = strconv.Quote(host), strconv.Quote(contract.Finalizer)
-		finalizers = "[" + finalizers + "]"
+		label, finalizers = host, []string{contract.Finalizer}
 	}
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, contract.AssignedHostLabel, value)
+	meta := map[string]any{"labels": map[string]any{contract.AssignedHostLabel: label}}
 	if finalizer {
-		patch = fmt.Sprintf(`{"metadata":{"labels":{%q:%s},"finalizers":%s}}`, contract.AssignedHostLabel, value, finalizers)
+		meta["finalizers"] = finalizers
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return err
 	}
 	tr := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: task.Namespace, Name: task.Name}}
-	return c.Patch(ctx, tr, client.RawPatch(types.MergePatchType, []byte(patch)))
+	return c.Patch(ctx, tr, client.RawPatch(types.MergePatchType, patch))
 }
 
 // createTaskSecret hands a task its secret: where to log in (user@address), a key and the
