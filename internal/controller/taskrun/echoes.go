@@ -24,28 +24,78 @@ import (
 // tenant's edit, Tekton's status, a later write of berth's) carries another resourceVersion
 // and goes through as before.
 //
-// An entry lives until the object is deleted, whatever events come in between: an event older
-// than berth's write can still be on its way when the write is answered, and must not take
-// the note away before the echo comes. berth holds one entry per object it wrote that still
-// exists, and none for an object it never wrote.
+// A note goes once every watch that filters the object's kind has seen its echo (TaskRuns
+// have two: the reconcile's and firstLook), or with the object's deletion. Other events do not
+// take it away: one older than the write can still be on its way when the write is answered.
+// So berth holds notes for the writes whose echo has not come yet, and, when an echo came
+// before its write was answered, one note per such object until the object is deleted.
 type echoes struct {
-	last sync.Map // types.UID → the resourceVersion of berth's last write
+	mu   sync.Mutex
+	last map[types.UID]*echo
+}
+
+// echo is what berth's last write left on an object, and how many watches are still to see it.
+type echo struct {
+	resourceVersion string
+	watches         int
 }
 
 // note remembers what berth's write left on o (as the apiserver answered it).
 func (e *echoes) note(o client.Object) {
-	if uid, rv := o.GetUID(), o.GetResourceVersion(); uid != "" && rv != "" {
-		e.last.Store(uid, rv)
+	uid, rv := o.GetUID(), o.GetResourceVersion()
+	if uid == "" || rv == "" {
+		return
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.last == nil {
+		e.last = map[types.UID]*echo{}
+	}
+	e.last[uid] = &echo{resourceVersion: rv, watches: watchesOf(o)}
 }
 
-// of tells whether o, as a watch event shows it, is what berth's own last write of it left.
+// of tells whether o, as a watch event shows it, is what berth's own last write of it left;
+// the note goes when the last watch that filters o's kind has seen it.
 func (e *echoes) of(o client.Object) bool {
-	rv, ok := e.last.Load(o.GetUID())
-	return ok && rv == o.GetResourceVersion()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n, ok := e.last[o.GetUID()]
+	if !ok || n.resourceVersion != o.GetResourceVersion() {
+		return false
+	}
+	if n.watches--; n.watches <= 0 {
+		delete(e.last, o.GetUID())
+	}
+	return true
 }
 
-func (e *echoes) gone(uid types.UID) { e.last.Delete(uid) }
+func (e *echoes) gone(uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.last, uid)
+}
+
+// held is how many notes are kept.
+func (e *echoes) held() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.last)
+}
+
+// taskRunWatches is how many of the task controller's watches of TaskRuns filter echoes (the
+// reconcile's and firstLook; see SetupWithManager).
+const taskRunWatches = 2
+
+// watchesOf is how many of the task controller's watches filter the echoes of o's kind.
+func watchesOf(o client.Object) int {
+	if m, ok := o.(*metav1.PartialObjectMetadata); ok && m.Kind == "TaskRun" {
+		return taskRunWatches
+	}
+	if _, ok := o.(*pipelinev1.TaskRun); ok {
+		return taskRunWatches
+	}
+	return 1
+}
 
 // noting is c with every create, update and patch that succeeds noted. berth writes no
 // subresource of what it watches, so Status and SubResource are c's own.
@@ -69,7 +119,7 @@ func (c notingClient) Patch(ctx context.Context, o client.Object, p client.Patch
 }
 
 // noted notes o when err says the write succeeded and o is of what the task controller
-// watches (whose deletion event will take the note away), and returns err.
+// watches (whose echo or deletion will take the note away), and returns err.
 func (c notingClient) noted(o client.Object, err error) error {
 	if err == nil && watched(o) {
 		c.echoes.note(o)

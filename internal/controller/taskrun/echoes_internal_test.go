@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
@@ -24,45 +25,55 @@ func taskRunAt(uid types.UID, rv string) *pipelinev1.TaskRun {
 	return tr
 }
 
-// The echo of berth's own write is held back; every other event of the object goes through:
-// one older than the write that was still on its way, the next change (a tenant's edit,
-// Tekton's status), an event berth's note came too late for, and a deletion, which also drops
-// the note.
+// The echo of berth's own write is held back by every watch that filters its kind, and its
+// note goes once they all saw it; every other event of the object goes through: one older
+// than the write that was still on its way, the next change (a tenant's edit, Tekton's
+// status), an event berth's note came too late for, and a deletion, which also drops the note.
 func TestOnlyTheEchoOfBerthsOwnWriteIsHeldBack(t *testing.T) {
 	e := &echoes{}
-	p := e.notEchoes()
+	reconciles, firstLook := e.notEchoes(), e.notEchoes()
 	e.note(taskRunAt("u1", "10"))
-	if !p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "8"), ObjectNew: taskRunAt("u1", "9")}) {
-		t.Error("a change from before berth's write was held back")
+	for _, p := range []predicate.Predicate{reconciles, firstLook} {
+		if !p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "8"), ObjectNew: taskRunAt("u1", "9")}) {
+			t.Error("a change from before berth's write was held back")
+		}
 	}
-	if p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "9"), ObjectNew: taskRunAt("u1", "10")}) {
-		t.Error("the echo of berth's write went through after an older event")
+	for _, p := range []predicate.Predicate{reconciles, firstLook} {
+		if p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "9"), ObjectNew: taskRunAt("u1", "10")}) {
+			t.Error("a watch let the echo of berth's write through")
+		}
 	}
-	// Every watch of the kind sees the same event, and holds it back too.
-	if p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "9"), ObjectNew: taskRunAt("u1", "10")}) {
-		t.Error("a second watch let the same echo through")
+	if e.held() != 0 {
+		t.Errorf("%d notes kept after both TaskRun watches saw the echo", e.held())
 	}
-	if !p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "10"), ObjectNew: taskRunAt("u1", "11")}) {
+	if !reconciles.Update(event.UpdateEvent{ObjectOld: taskRunAt("u1", "10"), ObjectNew: taskRunAt("u1", "11")}) {
 		t.Error("a change after berth's write was held back")
 	}
-	if !p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u2", "1"), ObjectNew: taskRunAt("u2", "2")}) {
+	if !reconciles.Update(event.UpdateEvent{ObjectOld: taskRunAt("u2", "1"), ObjectNew: taskRunAt("u2", "2")}) {
 		t.Error("an object berth never wrote: its event was held back")
 	}
 
-	// The event came before berth noted its write: it went through, and so do the later ones.
-	if !p.Create(event.CreateEvent{Object: taskRunAt("u3", "5")}) {
+	// A record is filtered by one watch: its note goes at once.
+	rec := &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Name: "r", UID: "r1", ResourceVersion: "3"}}
+	e.note(rec)
+	if reconciles.Create(event.CreateEvent{Object: rec}) || e.held() != 0 {
+		t.Errorf("a record's echo went through, or its note stayed (%d notes kept)", e.held())
+	}
+
+	// The event came before berth noted its write: it went through, and so do the later ones;
+	// the note goes with the object.
+	if !reconciles.Create(event.CreateEvent{Object: taskRunAt("u3", "5")}) {
 		t.Error("a create berth had not noted was held back")
 	}
 	e.note(taskRunAt("u3", "5"))
-	if !p.Update(event.UpdateEvent{ObjectOld: taskRunAt("u3", "5"), ObjectNew: taskRunAt("u3", "6")}) {
+	if !reconciles.Update(event.UpdateEvent{ObjectOld: taskRunAt("u3", "5"), ObjectNew: taskRunAt("u3", "6")}) {
 		t.Error("a tenant's edit after a late note was held back")
 	}
-
-	if !p.Delete(event.DeleteEvent{Object: taskRunAt("u1", "11")}) {
+	if !reconciles.Delete(event.DeleteEvent{Object: taskRunAt("u3", "6")}) {
 		t.Error("a deletion was held back")
 	}
-	if _, kept := e.last.Load(types.UID("u1")); kept {
-		t.Error("the note outlived its object")
+	if e.held() != 0 {
+		t.Errorf("%d notes outlived their objects", e.held())
 	}
 }
 
@@ -97,7 +108,7 @@ func TestTheWritesOfWatchedKindsAreNoted(t *testing.T) {
 		}
 	}
 	for _, o := range []client.Object{other, marker} {
-		if _, noted := e.last.Load(o.GetUID()); noted {
+		if _, noted := e.last[o.GetUID()]; noted {
 			t.Errorf("%T %s: noted, though no event of it reaches the controller", o, o.GetName())
 		}
 	}
