@@ -81,9 +81,7 @@ type Reconciler struct {
 	retrying     *retryPhase
 	answers      *answers
 	finishing    *finishPhase
-	// echoes tells the watch events of berth's own writes (see echoes).
-	echoes *echoes
-	now    func() time.Time
+	now          func() time.Time
 }
 
 // kind of a TaskRun, by the contract's rules.
