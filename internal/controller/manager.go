@@ -43,12 +43,16 @@ import (
 
 // Options configure the controller; the defaults are those of `berth controller`.
 type Options struct {
-	Namespace            string
-	MetricsAddress       string // "0" disables
-	HealthProbeAddress   string // "0" disables
-	PprofAddress         string // net/http/pprof's /debug/pprof/; "" or "0" disables
-	LeaderElection       bool
-	LeaderElectionID     string
+	Namespace          string
+	MetricsAddress     string // "0" disables
+	HealthProbeAddress string // "0" disables
+	PprofAddress       string // net/http/pprof's /debug/pprof/; "" or "0" disables
+	LeaderElection     bool
+	LeaderElectionID   string
+	// ConcurrentReconciles bounds the TaskRuns reconciled at once. A reconcile spends its time
+	// waiting on the apiserver as a host job waits on SSH, so the default is SSHWorkers' (32):
+	// with 10, a burst of 2,000 tasks waited in berth's work queue for 20 s and more while the
+	// machine had room for them (docs/task-cost.md).
 	ConcurrentReconciles int
 	// GCPercent is Go's GC percent for the process (see useGCPercent); 0 leaves the runtime's.
 	GCPercent           int
@@ -177,7 +181,7 @@ func DefaultOptions() Options {
 		MetricsSecure:        true,
 		HealthProbeAddress:   ":8081",
 		LeaderElectionID:     "berth-controller",
-		ConcurrentReconciles: 10,
+		ConcurrentReconciles: 32,
 		WaitTimeout:          time.Hour,
 		FailedTaskRetention:  10 * time.Minute,
 		HostCheckInterval:    10 * time.Minute,

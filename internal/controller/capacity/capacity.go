@@ -30,7 +30,10 @@ type ledger = allocation.Ledger
 // Capacity is the ledger with its wake-ups.
 type Capacity struct {
 	*ledger
-	wakeups  chan event.TypedGenericEvent[allocation.Task]
+	wakeups chan event.TypedGenericEvent[allocation.Task]
+	// jobEnds carries the ends of host jobs (Notify) apart from the other wake-ups, so the task
+	// controller can queue them first (JobEnds).
+	jobEnds  chan event.TypedGenericEvent[allocation.Task]
 	restored atomic.Bool
 }
 
@@ -40,7 +43,9 @@ const wakeBuffer = 4096
 
 // New is an empty ledger: no hosts, no lines.
 func New() *Capacity {
-	return &Capacity{ledger: allocation.New(), wakeups: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer)}
+	return &Capacity{ledger: allocation.New(),
+		wakeups: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer),
+		jobEnds: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer)}
 }
 
 // DebtPrefix starts the ledger name of a cleanup debt: a build user still to be removed,
@@ -48,27 +53,31 @@ func New() *Capacity {
 // from every TaskRun's.
 const DebtPrefix = "debt/"
 
-// Wake reconciles the TaskRuns now: a freed slot, an ended host job or a VM that became
-// ready reaches its task this way, not by polling. It never blocks and never drops one.
+// Wake reconciles the TaskRuns now: a freed slot or a VM that became ready reaches its task
+// this way, not by polling (an ended host job by Notify). It never blocks and never drops one.
 func (c *Capacity) Wake(tasks ...allocation.Task) {
 	for _, t := range tasks {
-		if strings.HasPrefix(t.Name, DebtPrefix) {
-			continue
-		}
-		ev := event.TypedGenericEvent[allocation.Task]{Object: t}
-		select {
-		case c.wakeups <- ev:
-		default:
-			go func() { c.wakeups <- ev }()
+		if !strings.HasPrefix(t.Name, DebtPrefix) {
+			sendTo(c.wakeups, t)
 		}
 	}
 }
 
+// sendTo puts the task on ch without blocking: when ch is full, a goroutine waits to send it.
+func sendTo(ch chan event.TypedGenericEvent[allocation.Task], t allocation.Task) {
+	ev := event.TypedGenericEvent[allocation.Task]{Object: t}
+	select {
+	case ch <- ev:
+	default:
+		go func() { ch <- ev }()
+	}
+}
+
 // Notify wakes the task of key, "namespace/name": the provisioner's way back when a host job
-// of the task ended (a provision.Notifier).
+// of the task ended (a provision.Notifier). It never blocks and never drops one.
 func (c *Capacity) Notify(key string) {
 	ns, name, _ := strings.Cut(key, "/")
-	c.Wake(allocation.Task{Namespace: ns, Name: name})
+	sendTo(c.jobEnds, allocation.Task{Namespace: ns, Name: name})
 }
 
 // WakeWaiters wakes every task waiting for the platform (capacity of it came or went).
@@ -114,8 +123,15 @@ func (c *Capacity) Restored() bool { return c.restored.Load() }
 
 // Source delivers the wake-ups to the task controller, each queued at priority: what passes a
 // slot on goes before arrivals that only join the line.
-func (c *Capacity) Source(priority int) source.Source {
-	return source.Channel(c.wakeups, handler.TypedFuncs[allocation.Task, reconcile.Request]{
+func (c *Capacity) Source(priority int) source.Source { return sourceOf(c.wakeups, priority) }
+
+// JobEnds delivers the ends of host jobs (Notify) to the task controller, each queued at
+// priority: a build user made or removed is work half done (its secret to hand over, its slot
+// to free), which goes before any new work is started.
+func (c *Capacity) JobEnds(priority int) source.Source { return sourceOf(c.jobEnds, priority) }
+
+func sourceOf(ch chan event.TypedGenericEvent[allocation.Task], priority int) source.Source {
+	return source.Channel(ch, handler.TypedFuncs[allocation.Task, reconcile.Request]{
 		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[allocation.Task], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			AddAt(q, types.NamespacedName{Namespace: e.Object.Namespace, Name: e.Object.Name}, priority)
 		},

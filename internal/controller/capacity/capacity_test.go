@@ -100,12 +100,16 @@ func TestWakeNeverBlocksNorDrops(t *testing.T) {
 	}
 }
 
-// A host job's end, told by the provisioner as "namespace/name", wakes that task.
+// A host job's end, told by the provisioner as "namespace/name", wakes that task, apart from
+// the other wake-ups (JobEnds queues it first).
 func TestAHostJobsEndWakesItsTask(t *testing.T) {
 	c := New()
 	c.Notify("team/build-1")
+	if got := woken(c); len(got) != 0 {
+		t.Errorf("a job's end went with the other wake-ups: %v", got)
+	}
 	select {
-	case ev := <-c.wakeups:
+	case ev := <-c.jobEnds:
 		if ev.Object != (allocation.Task{Namespace: "team", Name: "build-1"}) {
 			t.Errorf("woken %+v; want team/build-1", ev.Object)
 		}

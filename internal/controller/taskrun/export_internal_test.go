@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
@@ -69,4 +70,11 @@ func (u userTaskIndex) List(ctx context.Context, list client.ObjectList, opts ..
 	}
 	trs.Items = slices.DeleteFunc(trs.Items, func(tr pipelinev1.TaskRun) bool { return len(u.gate.indexUserTasks(&tr)) == 0 })
 	return nil
+}
+
+// EchoFilter is a client that notes its writes, and the predicate that holds back their
+// echoes (echoes), as the task controller has them.
+func EchoFilter(c client.Client) (client.Client, predicate.Predicate) {
+	e := &echoes{}
+	return e.noting(c), e.notEchoes()
 }

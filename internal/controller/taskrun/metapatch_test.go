@@ -7,12 +7,14 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 )
@@ -31,14 +33,7 @@ func TestMirrorPatchesTestOnlyWhatTheyChange(t *testing.T) {
 			Steps: []pipelinev1.Step{{Name: "s", Image: "busybox", Script: "true"}}}},
 	}
 	create(t, tr)
-	read := func() *pipelinev1.TaskRun {
-		t.Helper()
-		var now pipelinev1.TaskRun
-		if err := c().Get(ctx, client.ObjectKeyFromObject(tr), &now); err != nil {
-			t.Fatal(err)
-		}
-		return &now
-	}
+	read := func() *pipelinev1.TaskRun { return get(t, tr) }
 	send := func(before, after *pipelinev1.TaskRun) error {
 		t.Helper()
 		patch, err := taskrun.MetadataPatch(&before.ObjectMeta, &after.ObjectMeta)
@@ -129,4 +124,85 @@ func TestMirrorPatchesTestOnlyWhatTheyChange(t *testing.T) {
 	}
 	mustBe("after the last patch", map[string]string{"team": "a"}, "tekton.dev/other")
 	other(func(now *pipelinev1.TaskRun) { now.Finalizers = nil })
+}
+
+// TestTheEchoOfAMirrorPatchIsKnown: the mirror's patch, sent for the TaskRun's metadata alone,
+// is answered by the real apiserver with the resourceVersion its watch event carries, so that
+// event is held back; a tenant's edit after it and any other writer's change (the stack's
+// Tekton and berth run beside the test) go through.
+func TestTheEchoOfAMirrorPatchIsKnown(t *testing.T) {
+	ns := namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tr := create(t, &pipelinev1.TaskRun{
+		ObjectMeta: metav1.ObjectMeta{Name: "echoed", Namespace: ns},
+		Spec: pipelinev1.TaskRunSpec{TaskSpec: &pipelinev1.TaskSpec{
+			Steps: []pipelinev1.Step{{Name: "s", Image: "busybox", Script: "true"}}}},
+	})
+	watching, err := client.NewWithWatch(stack.ControlPlane.Config, client.Options{Scheme: c().Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watching.Watch(ctx, &pipelinev1.TaskRunList{}, client.InNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	noting, notEchoes := taskrun.EchoFilter(c())
+	// until reads the watch up to the event of resourceVersion rv and tells whether it went
+	// through; every other event on the way must.
+	until := func(rv string) bool {
+		t.Helper()
+		for {
+			select {
+			case ev, open := <-w.ResultChan():
+				if !open {
+					t.Fatal("the watch ended")
+				}
+				now, ok := ev.Object.(*pipelinev1.TaskRun)
+				if !ok || now.Name != tr.Name {
+					continue
+				}
+				passed := notEchoes.Update(event.UpdateEvent{ObjectOld: tr, ObjectNew: now})
+				if now.ResourceVersion == rv {
+					return passed
+				}
+				if !passed {
+					t.Fatalf("a change of someone else's (resourceVersion %s) was held back", now.ResourceVersion)
+				}
+			case <-ctx.Done():
+				t.Fatalf("no event of resourceVersion %s", rv)
+			}
+		}
+	}
+
+	before := get(t, tr)
+	after := before.DeepCopy()
+	after.Labels = map[string]string{"berth.dev/host": "h1"}
+	after.Finalizers = []string{"berth.dev/finalizer"}
+	patch, err := taskrun.MetadataPatch(&before.ObjectMeta, &after.ObjectMeta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: tr.Name, Namespace: ns}}
+	answer.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
+	if err := noting.Patch(ctx, answer, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	if until(answer.ResourceVersion) {
+		t.Fatalf("the echo of berth's patch (resourceVersion %s, kind %q) went through", answer.ResourceVersion, answer.Kind)
+	}
+
+	var edited *pipelinev1.TaskRun
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		edited = get(t, tr)
+		edited.Labels["berth.dev/host"] = "tenant-edit"
+		return c().Update(ctx, edited)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !until(edited.ResourceVersion) {
+		t.Fatal("a tenant's edit after berth's patch was held back")
+	}
 }

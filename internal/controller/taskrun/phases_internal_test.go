@@ -89,8 +89,8 @@ func addressOf(i int) string { return fmt.Sprintf("10.0.0.%d", i+1) }
 //   - Client is the cache as the manager configures it (CacheOptions): reads go through its
 //     transforms; APIReader reads the apiserver itself.
 //   - The field index on records is registered on the fake client (see newAPIServer).
-//   - The capacity's wake-ups go to queue, as WatchesRawSource(r.Capacity.Source(...)) sends
-//     them to the controller's queue.
+//   - The capacity's wake-ups and host jobs' ends go to queue, as WatchesRawSource(r.Capacity.Source(...))
+//     and WatchesRawSource(r.Capacity.JobEnds(...)) send them to the controller's queue.
 func newReconciler(t *testing.T, ctx context.Context, apiserver client.WithWatch, faults *interceptor.Funcs,
 	cfgData map[string]string, queue priorityqueue.PriorityQueue[reconcile.Request], recorder *eventLog,
 	tune func(*Reconciler)) (*Reconciler, *provisionfake.Provisioner) {
@@ -123,6 +123,9 @@ func newReconciler(t *testing.T, ctx context.Context, apiserver client.WithWatch
 	}
 	r.init()
 	if err := r.Capacity.Source(handOverPriority).Start(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Capacity.JobEnds(jobEndPriority).Start(ctx, queue); err != nil {
 		t.Fatal(err)
 	}
 	return r, prov
@@ -300,10 +303,11 @@ func (h *harness) enqueue(names ...string) {
 	}
 }
 
-// settle reconciles until nothing is left to do: the queue is empty and every wake-up sent
-// so far has reached it (a marker wake-up sent after the last reconcile came back). A requeue
-// within a quarter second (a stale read, a restore not done) is followed at once; a longer one
-// is noted in requeues. Any reconcile error fails the test.
+// settle reconciles until nothing is left to do: the queue is empty and every wake-up and
+// host job's end sent so far has reached it (a marker sent through each of the two, after the
+// last reconcile, came back). A requeue within a quarter second (a stale read, a restore not
+// done) is followed at once; a longer one is noted in requeues. Any reconcile error fails the
+// test.
 func (h *harness) settle() {
 	h.t.Helper()
 	if errs := h.settleErrs(); len(errs) > 0 {
@@ -317,14 +321,16 @@ func (h *harness) settleErrs() []error {
 	h.t.Helper()
 	var errs []error
 	failures := map[reconcile.Request]int{}
-	marker := "" // the marker wake-up sent since the last reconcile, if any
+	// The markers sent since the last reconcile, if any, and how many of the two came back.
+	marker, back := "", 0
 	deadline := time.Now().Add(10 * time.Second)
 	for reconciles := 0; ; {
 		if h.queue.Len() == 0 {
 			if marker == "" {
 				h.markers++
-				marker = strconv.Itoa(h.markers)
+				marker, back = strconv.Itoa(h.markers), 0
 				h.r.Capacity.Wake(allocation.Task{Namespace: settleNS, Name: marker})
+				h.r.Capacity.Notify(settleNS + "/" + marker + "-job")
 			}
 			if time.Now().After(deadline) {
 				h.t.Fatal("a wake-up never reached the queue")
@@ -335,7 +341,10 @@ func (h *harness) settleErrs() []error {
 		req, _, _ := h.queue.GetWithPriority()
 		h.queue.Done(req)
 		if req.Namespace == settleNS {
-			if req.Name == marker && h.queue.Len() == 0 {
+			if marker != "" && (req.Name == marker || req.Name == marker+"-job") {
+				back++
+			}
+			if back == 2 && h.queue.Len() == 0 {
 				return errs
 			}
 			continue

@@ -30,9 +30,10 @@ func doneTaskRun(name string) *pipelinev1.TaskRun {
 	return tr
 }
 
-// TestHandOversGoBeforeArrivals: in the controller's work queue, a wake-up and a TaskRun that
-// has just ended are handed to a worker before arrivals queued earlier; an ended TaskRun's later
-// events (berth's own patch taking its finalizer off) are not, nor one a start finds ended.
+// TestHandOversGoBeforeArrivals: in the controller's work queue, a host job's end goes first; a
+// wake-up and a TaskRun that has just ended are handed to a worker before arrivals queued
+// earlier; an ended TaskRun's later events (berth's own patch taking its finalizer off) are
+// not, nor one a start finds ended.
 func TestHandOversGoBeforeArrivals(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -57,7 +58,12 @@ func TestHandOversGoBeforeArrivals(t *testing.T) {
 		t.Fatal(err)
 	}
 	slots.Wake(allocation.Task{Namespace: "team", Name: "woken"})
-	for deadline := time.Now().Add(time.Minute); q.Len() < 5; runtime.Gosched() {
+	// A host job's end, told as the provisioner tells it, through its own source.
+	if err := slots.JobEnds(jobEndPriority).Start(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	slots.Notify("team/user-ready")
+	for deadline := time.Now().Add(time.Minute); q.Len() < 6; runtime.Gosched() {
 		if time.Now().After(deadline) { // the source's goroutine never moved it into the queue
 			t.Fatalf("the wake-up never reached the queue (%d items)", q.Len())
 		}
@@ -71,7 +77,7 @@ func TestHandOversGoBeforeArrivals(t *testing.T) {
 		first = append(first, priority)
 		q.Done(item)
 	}
-	want := []string{"again", "woken", "a1", "a2", "a3"}
+	want := []string{"user-ready", "again", "woken", "a1", "a2", "a3"}
 	if len(order) != len(want) {
 		t.Fatalf("queue handed out %v, want %v", order, want)
 	}
@@ -80,7 +86,7 @@ func TestHandOversGoBeforeArrivals(t *testing.T) {
 			t.Fatalf("queue handed out %v (priorities %v), want %v", order, first, want)
 		}
 	}
-	if first[0] != handOverPriority || first[1] != handOverPriority || first[2] != 0 {
-		t.Fatalf("priorities %v: the ended task and the wake-up must go with handOverPriority, arrivals with 0", first)
+	if first[0] != jobEndPriority || first[1] != handOverPriority || first[2] != handOverPriority || first[3] != 0 {
+		t.Fatalf("priorities %v: the job's end must go with jobEndPriority, the ended task and the wake-up with handOverPriority, arrivals with 0", first)
 	}
 }

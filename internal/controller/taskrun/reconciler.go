@@ -81,7 +81,9 @@ type Reconciler struct {
 	retrying     *retryPhase
 	answers      *answers
 	finishing    *finishPhase
-	now          func() time.Time
+	// echoes tells the watch events of berth's own writes (see echoes).
+	echoes *echoes
+	now    func() time.Time
 }
 
 // kind of a TaskRun, by the contract's rules.

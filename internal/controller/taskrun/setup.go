@@ -41,6 +41,11 @@ func (r *Reconciler) init() {
 	if r.PositionInterval == 0 {
 		r.PositionInterval = DefaultPositionInterval
 	}
+	if r.echoes == nil {
+		// Every write of the parts below is noted, so its echo starts no reconcile.
+		r.echoes = &echoes{}
+		r.Client = r.echoes.noting(r.Client)
+	}
 	r.mirror = newMirror(r)
 	r.secrets = &taskSecrets{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, mirror: r.mirror}
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
@@ -92,14 +97,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	userTaskEvents := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return r.gate.classify(o.(*pipelinev1.TaskRun)) != unrelated
 	})
+	notEchoes := r.echoes.notEchoes()
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("taskrun").
-		For(&pipelinev1.TaskRun{}, builder.WithPredicates(userTaskEvents)).
-		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(userTaskEvents)).
+		For(&pipelinev1.TaskRun{}, builder.WithPredicates(notEchoes, userTaskEvents)).
+		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(notEchoes, userTaskEvents)).
 		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret)).
-		Watches(&berthv1.Allocation{}, r.recordEvents()).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret), builder.WithPredicates(notEchoes)).
+		Watches(&berthv1.Allocation{}, r.recordEvents(), builder.WithPredicates(notEchoes)).
 		WatchesRawSource(r.Capacity.Source(handOverPriority)).
+		WatchesRawSource(r.Capacity.JobEnds(jobEndPriority)).
 		WatchesRawSource(source.Channel(r.mirror.refreshes, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
@@ -145,6 +152,13 @@ func (rs restorer) Start(ctx context.Context) error {
 // takes. No arrival loses its turn by it, since each joins the ledger's line the moment the
 // watch shows it (joinLine).
 const handOverPriority = 10
+
+// jobEndPriority is the place in the work queue of a host job's end: a build user made, whose
+// secret is to be handed over, or removed, whose slot is to be freed. It goes before everything
+// else, hand-overs included: under a burst of arrivals that each get a free slot (and so
+// handOverPriority), a task whose user is ready would otherwise wait behind all of them for
+// the one write that finishes it, and its slot and its place in berth's memory with it.
+const jobEndPriority = 20
 
 // addFirst queues the reconcile of the object's name with handOverPriority.
 func addFirst(q workqueue.TypedRateLimitingInterface[reconcile.Request], o client.Object) {

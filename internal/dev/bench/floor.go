@@ -44,8 +44,8 @@ import (
 // recovery after a restart.
 
 // floorWorkers is how many jobs the floor has under way at once. The safe floor's jobs also
-// wait on SSH, so it has as many workers as berth has reconciles and host jobs together
-// (10 + 32).
+// wait on SSH, so it has more: 42, enough that its line never grows under the burst (its
+// tasks get their secret about 2 s after creation, the wait for Tekton's resolve).
 const (
 	floorWorkers     = 20
 	safeFloorWorkers = 42
