@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
@@ -66,6 +67,9 @@ type taskMirror struct {
 	// writes nothing on such a TaskRun, so no mirror says it was told, and each of its updates
 	// starts a reconcile.
 	foreign sync.Map
+	// reconciling holds the TaskRun names whose reconcile is under way (types.NamespacedName →
+	// struct{}; one at most per name): caughtUp leaves their patches to them.
+	reconciling sync.Map
 	// sets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
 	sets sync.Map
@@ -345,7 +349,7 @@ func (m *taskMirror) freshest(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
 // the cache holds berth's own last patch of it, what the patch left is no longer needed (a
 // TaskRun waiting for hours would otherwise keep a copy of its labels here all along); and
 // no reconcile of the TaskRun can hold an older copy any more, since they run one at a time
-// and each reads anew. berth's own patch brings such a reconcile: its watch event starts one.
+// and each reads anew. The patch's watch event, seen by caughtUp, lets it go too.
 func (m *taskMirror) startsFrom(tr *pipelinev1.TaskRun) {
 	v, ok := m.patched.Load(tr.UID)
 	if !ok {
@@ -354,6 +358,39 @@ func (m *taskMirror) startsFrom(tr *pipelinev1.TaskRun) {
 	if v.(*patchedMeta).reachedBy(tr) {
 		m.patched.CompareAndDelete(tr.UID, v)
 	}
+}
+
+// caughtUp passes every event of a TaskRun and, on the way, drops what berth's last patch of
+// it left once the event shows the patch's version or a later one. The patch's own event is
+// its echo, which starts no reconcile (echoes), so without this the note would wait for the
+// task's next reconcile: for a task waiting in line, one note per waiting task for as long as
+// it waits.
+//
+// The informer stores an object before it hands the object's event to the watches, so the
+// cache has the patch by then, and a reconcile that starts later reads it. A reconcile under
+// way may have read the cache before, and calls freshest on that older copy: while one is,
+// the note stays, and the next reconcile's startsFrom lets it go. A reconcile marks itself
+// (reconcile) before it reads the cache, so no such reconcile goes unseen here.
+func (m *taskMirror) caughtUp() predicate.Predicate {
+	seen := func(o client.Object) {
+		tr, ok := o.(*pipelinev1.TaskRun)
+		if !ok {
+			return
+		}
+		if _, busy := m.reconciling.Load(client.ObjectKeyFromObject(tr)); !busy {
+			m.startsFrom(tr)
+		}
+	}
+	return predicate.Funcs{
+		CreateFunc: func(ev event.CreateEvent) bool { seen(ev.Object); return true },
+		UpdateFunc: func(ev event.UpdateEvent) bool { seen(ev.ObjectNew); return true },
+	}
+}
+
+// reconcile marks the reconcile of a TaskRun name under way, until the returned func is called.
+func (m *taskMirror) reconcile(name types.NamespacedName) (done func()) {
+	m.reconciling.Store(name, struct{}{})
+	return func() { m.reconciling.Delete(name) }
 }
 
 // reachedBy tells whether tr is at the patch's version or later. resourceVersions are etcd

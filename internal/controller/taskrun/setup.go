@@ -94,14 +94,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &pipelinev1.TaskRun{}, userTaskField, r.gate.indexUserTasks); err != nil {
 		return err
 	}
-	userTaskEvents := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return r.gate.classify(o.(*pipelinev1.TaskRun)) != unrelated
-	})
 	notEchoes := r.echoes.notEchoes()
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("taskrun").
-		For(&pipelinev1.TaskRun{}, builder.WithPredicates(notEchoes, userTaskEvents)).
-		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(notEchoes, userTaskEvents)).
+		For(&pipelinev1.TaskRun{}, builder.WithPredicates(r.reconcileTaskRunEvents()...)).
+		Watches(&pipelinev1.TaskRun{}, r.firstLook(), builder.WithPredicates(notEchoes, r.userTaskEvents())).
 		Watches(&pipelinev1.TaskRun{}, handler.EnqueueRequestsFromMapFunc(r.userTaskOfInternal)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(taskRunOfSecret), builder.WithPredicates(notEchoes)).
 		Watches(&berthv1.Allocation{}, r.recordEvents(), builder.WithPredicates(notEchoes)).
@@ -117,6 +114,21 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		return err
 	}
 	return mgr.Add(restorer{line: r.line})
+}
+
+// reconcileTaskRunEvents are the filters of the reconcile's own watch of TaskRuns, in order:
+// every event first lets the mirror drop what berth's patch left once the cache has it
+// (caughtUp); the echo of berth's own write goes no further (echoes), nor does the event of a
+// TaskRun that is none of berth's business (userTaskEvents).
+func (r *Reconciler) reconcileTaskRunEvents() []predicate.Predicate {
+	return []predicate.Predicate{r.mirror.caughtUp(), r.echoes.notEchoes(), r.userTaskEvents()}
+}
+
+// userTaskEvents passes the events of every TaskRun but those classify calls unrelated.
+func (r *Reconciler) userTaskEvents() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return r.gate.classify(o.(*pipelinev1.TaskRun)) != unrelated
+	})
 }
 
 // restorer rebuilds the ledger from the records as soon as the config is read, whether or not
