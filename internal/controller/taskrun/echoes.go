@@ -30,8 +30,11 @@ import (
 // So berth holds notes for the writes whose echo has not come yet, and, when an echo came
 // before its write was answered, one note per such object until the object is deleted.
 type echoes struct {
-	mu   sync.Mutex
-	last map[types.UID]*echo
+	// namespace is the controller's own: its secrets are not in the task controller's cache
+	// (CacheOptions), so no event of theirs comes to take a note away.
+	namespace string
+	mu        sync.Mutex
+	last      map[types.UID]*echo
 }
 
 // echo is what berth's last write left on an object, and how many watches are still to see it.
@@ -121,16 +124,16 @@ func (c notingClient) Patch(ctx context.Context, o client.Object, p client.Patch
 // noted notes o when err says the write succeeded and o is of what the task controller
 // watches (whose echo or deletion will take the note away), and returns err.
 func (c notingClient) noted(o client.Object, err error) error {
-	if err == nil && watched(o) {
+	if err == nil && c.echoes.watched(o) {
 		c.echoes.note(o)
 	}
 	return err
 }
 
 // watched tells the objects whose events reach the task controller: TaskRuns (written as a
-// whole or, by the mirror's patch, as metadata), records, and the secrets that carry the
-// contract's label (the only ones in its cache).
-func watched(o client.Object) bool {
+// whole or, by the mirror's patch, as metadata), records, and the secrets of tenants'
+// namespaces that carry the contract's label (the only ones in its cache).
+func (e *echoes) watched(o client.Object) bool {
 	switch o := o.(type) {
 	case *pipelinev1.TaskRun, *berthv1.Allocation:
 		return true
@@ -138,20 +141,30 @@ func watched(o client.Object) bool {
 		return o.Kind == "TaskRun"
 	case *corev1.Secret:
 		_, labelled := o.Labels[contract.SecretLabel]
-		return labelled
+		return labelled && o.Namespace != e.namespace
 	}
 	return false
 }
 
 // notEchoes passes every event but the echo of berth's own write; a deletion also drops what
-// was noted of the object.
+// was noted of the object. An update that ends a TaskRun always passes (endsHere).
 func (e *echoes) notEchoes() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(ev event.CreateEvent) bool { return !e.of(ev.Object) },
-		UpdateFunc: func(ev event.UpdateEvent) bool { return !e.of(ev.ObjectNew) },
+		UpdateFunc: func(ev event.UpdateEvent) bool { return !e.of(ev.ObjectNew) || endsHere(ev.ObjectOld, ev.ObjectNew) },
 		DeleteFunc: func(ev event.DeleteEvent) bool {
 			e.gone(ev.Object.GetUID())
 			return true
 		},
 	}
+}
+
+// endsHere tells an update that ends a TaskRun: Tekton's completion, or the deletion's mark.
+// berth makes neither, so such an update carries another's change even when its version is
+// berth's. It happens when a watch breaks: the informer lists again and sends one update from
+// its old copy to the listed one, and every change between the two is folded into it.
+func endsHere(old, updated client.Object) bool {
+	o, ok := old.(*pipelinev1.TaskRun)
+	n, ok2 := updated.(*pipelinev1.TaskRun)
+	return ok && ok2 && !ended(o) && ended(n)
 }

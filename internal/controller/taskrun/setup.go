@@ -43,7 +43,7 @@ func (r *Reconciler) init() {
 	}
 	if r.echoes == nil {
 		// Every write of the parts below is noted, so its echo starts no reconcile.
-		r.echoes = &echoes{}
+		r.echoes = &echoes{namespace: r.Namespace}
 		r.Client = r.echoes.noting(r.Client)
 	}
 	r.mirror = newMirror(r)
