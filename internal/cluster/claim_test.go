@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"regexp"
 	"strings"
@@ -116,8 +117,10 @@ current-context: x
 }
 
 // serveClaim plays Crossplane and the eaas composition for a claim: Waiting, then Ready with
-// a Secret whose kubeconfig acts in a new namespace (and names it only in its context).
-func serveClaim(namespace, name string) <-chan served {
+// a Secret whose kubeconfig acts in a new namespace (and names it only in its context). The
+// claim stays Waiting until the progress shows it, as a real composition takes minutes: the
+// waiter polls, and a state shorter than its interval is one it may never see.
+func serveClaim(namespace, name string, progress *log) <-chan served {
 	out := make(chan served, 1)
 	go func() {
 		claim, err := awaitObject(newObject(claimGVK, namespace, name))
@@ -126,6 +129,12 @@ func serveClaim(namespace, name string) <-chan served {
 				condition("Synced", "True", "ReconcileSuccess", ""),
 				condition("Ready", "False", "Waiting", "Composite resource claim is waiting for composite resource to become Ready"),
 			}})
+		}
+		for deadline := time.Now().Add(fast.Timeout); err == nil && !strings.Contains(progress.String(), "Ready=False (Waiting)"); {
+			if time.Now().After(deadline) {
+				err = errors.New("the waiter never reported the claim Waiting")
+			}
+			time.Sleep(fast.Interval)
 		}
 		access := SpaceAccess{Namespace: namespace + "-claimed", TenantNamespace: namespace, SecretName: name + "-secret", ClusterURL: cp.Config.Host}
 		if err == nil {
@@ -147,8 +156,8 @@ func TestProvisionSpaceThroughAClaim(t *testing.T) {
 	ctx := context.Background()
 	tenant := newNamespace(t, "tenant")
 	req := SpaceRequest{Namespace: tenant, Name: "integration-run", Owner: newRun(t, tenant)}
-	service := serveClaim(tenant, req.Name)
 	var progress log
+	service := serveClaim(tenant, req.Name, &progress)
 	access, err := ProvisionSpace(ctx, kube, req, fast, &progress)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
