@@ -277,6 +277,14 @@ func TestCloseRemovesEverything(t *testing.T) {
 	defer f.Close()
 	h := f.Hosts[0]
 	ino := netnsInode(t, h.Name)
+	// Held open, the namespace's file keeps the namespace itself after Close, and with it its
+	// inode: the kernel gives a freed namespace's inode to the next one made, and another test
+	// process may take the slot and make one the moment Close gives it back.
+	held, err := os.Open(filepath.Join(netnsDir, h.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	running := processesInNetns(ino)
 	if !strings.Contains(strings.Join(running, "\n"), " sshd") {
 		t.Fatalf("no sshd among the host's processes %q", running)
