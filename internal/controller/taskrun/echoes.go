@@ -43,10 +43,11 @@ type echo struct {
 	watches         int
 }
 
-// note remembers what berth's write left on o (as the apiserver answered it).
+// note remembers what berth's write left on o (as the apiserver answered it), when o is of
+// what the task controller watches (whose echo or deletion will take the note away).
 func (e *echoes) note(o client.Object) {
-	uid, rv := o.GetUID(), o.GetResourceVersion()
-	if uid == "" || rv == "" {
+	uid, rv, watches := o.GetUID(), o.GetResourceVersion(), e.watches(o)
+	if uid == "" || rv == "" || watches == 0 {
 		return
 	}
 	e.mu.Lock()
@@ -54,7 +55,7 @@ func (e *echoes) note(o client.Object) {
 	if e.last == nil {
 		e.last = map[types.UID]*echo{}
 	}
-	e.last[uid] = &echo{resourceVersion: rv, watches: watchesOf(o)}
+	e.last[uid] = &echo{resourceVersion: rv, watches: watches}
 }
 
 // of tells whether o, as a watch event shows it, is what berth's own last write of it left;
@@ -89,17 +90,6 @@ func (e *echoes) held() int {
 // reconcile's and firstLook; see SetupWithManager).
 const taskRunWatches = 2
 
-// watchesOf is how many of the task controller's watches filter the echoes of o's kind.
-func watchesOf(o client.Object) int {
-	if m, ok := o.(*metav1.PartialObjectMetadata); ok && m.Kind == "TaskRun" {
-		return taskRunWatches
-	}
-	if _, ok := o.(*pipelinev1.TaskRun); ok {
-		return taskRunWatches
-	}
-	return 1
-}
-
 // noting is c with every create, update and patch that succeeds noted. berth writes no
 // subresource of what it watches, so Status and SubResource are c's own.
 func (e *echoes) noting(c client.Client) client.Client { return notingClient{Client: c, echoes: e} }
@@ -121,29 +111,34 @@ func (c notingClient) Patch(ctx context.Context, o client.Object, p client.Patch
 	return c.noted(o, c.Client.Patch(ctx, o, p, opts...))
 }
 
-// noted notes o when err says the write succeeded and o is of what the task controller
-// watches (whose echo or deletion will take the note away), and returns err.
+// noted notes o when err says the write succeeded, and returns err.
 func (c notingClient) noted(o client.Object, err error) error {
-	if err == nil && c.echoes.watched(o) {
+	if err == nil {
 		c.echoes.note(o)
 	}
 	return err
 }
 
-// watched tells the objects whose events reach the task controller: TaskRuns (written as a
-// whole or, by the mirror's patch, as metadata), records, and the secrets of tenants'
-// namespaces that carry the contract's label (the only ones in its cache).
-func (e *echoes) watched(o client.Object) bool {
+// watches is how many of the task controller's watches filter the echoes of o's kind, 0 for
+// an object whose events never reach it. They reach it for TaskRuns (written as a whole or, by
+// the mirror's patch, as metadata), records, and the secrets of tenants' namespaces that carry
+// the contract's label (the only ones in its cache).
+func (e *echoes) watches(o client.Object) int {
 	switch o := o.(type) {
-	case *pipelinev1.TaskRun, *berthv1.Allocation:
-		return true
+	case *pipelinev1.TaskRun:
+		return taskRunWatches
 	case *metav1.PartialObjectMetadata:
-		return o.Kind == "TaskRun"
+		if o.Kind == "TaskRun" {
+			return taskRunWatches
+		}
+	case *berthv1.Allocation:
+		return 1
 	case *corev1.Secret:
-		_, labelled := o.Labels[contract.SecretLabel]
-		return labelled && o.Namespace != e.namespace
+		if _, labelled := o.Labels[contract.SecretLabel]; labelled && o.Namespace != e.namespace {
+			return 1
+		}
 	}
-	return false
+	return 0
 }
 
 // notEchoes passes every event but the echo of berth's own write; a deletion also drops what

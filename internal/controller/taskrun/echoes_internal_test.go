@@ -127,7 +127,7 @@ func TestTheWritesOfWatchedKindsAreNoted(t *testing.T) {
 	}
 	meta := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{UID: "u9", ResourceVersion: "3"}}
 	meta.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
-	if !e.watched(meta) {
+	if e.watches(meta) != taskRunWatches {
 		t.Error("the mirror's patch answer (a TaskRun's metadata) is not a watched kind")
 	}
 }
