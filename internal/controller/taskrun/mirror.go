@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -68,7 +69,7 @@ type taskMirror struct {
 	// starts a reconcile.
 	foreign sync.Map
 	// reconciling holds the TaskRun names whose reconcile is under way (types.NamespacedName →
-	// struct{}; one at most per name): caughtUp leaves their patches to them.
+	// *inFlight; one at most per name): caughtUp leaves their patches to them.
 	reconciling sync.Map
 	// sets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
@@ -369,15 +370,26 @@ func (m *taskMirror) startsFrom(tr *pipelinev1.TaskRun) {
 // The informer stores an object before it hands the object's event to the watches, so the
 // cache has the patch by then, and a reconcile that starts later reads it. A reconcile under
 // way may have read the cache before, and calls freshest on that older copy: while one is,
-// the note stays, and the next reconcile's startsFrom lets it go. A reconcile marks itself
-// (reconcile) before it reads the cache, so no such reconcile goes unseen here.
+// the event's version goes on the reconcile's mark, and the reconcile drops the note as it
+// ends (reconcile), unless it patched again since. A reconcile marks itself before it reads
+// the cache, so no such reconcile goes unseen here.
 func (m *taskMirror) caughtUp() predicate.Predicate {
 	seen := func(o client.Object) {
 		tr, ok := o.(*pipelinev1.TaskRun)
 		if !ok {
 			return
 		}
-		if _, busy := m.reconciling.Load(client.ObjectKeyFromObject(tr)); !busy {
+		name := client.ObjectKeyFromObject(tr)
+		v, busy := m.reconciling.Load(name)
+		if !busy {
+			m.startsFrom(tr)
+			return
+		}
+		mark := v.(*inFlight)
+		mark.saw(tr)
+		// The reconcile may have ended before the version went on its mark, and read none of it
+		// then. Any reconcile marked since read the cache after the informer stored tr.
+		if now, _ := m.reconciling.Load(name); now != v {
 			m.startsFrom(tr)
 		}
 	}
@@ -387,10 +399,27 @@ func (m *taskMirror) caughtUp() predicate.Predicate {
 	}
 }
 
+// inFlight marks a reconcile under way: the latest copy of its TaskRun the watch brought
+// meanwhile (caughtUp), for the reconcile to let berth's patch go as it ends.
+type inFlight struct {
+	seen atomic.Pointer[pipelinev1.TaskRun]
+}
+
+// saw keeps tr as the latest copy the watch brought during the reconcile.
+func (f *inFlight) saw(tr *pipelinev1.TaskRun) { f.seen.Store(tr) }
+
 // reconcile marks the reconcile of a TaskRun name under way, until the returned func is called.
+// When it is, a copy of the TaskRun the watch brought meanwhile counts as one the next
+// reconcile starts from (startsFrom): the cache held it before the reconcile ended.
 func (m *taskMirror) reconcile(name types.NamespacedName) (done func()) {
-	m.reconciling.Store(name, struct{}{})
-	return func() { m.reconciling.Delete(name) }
+	mark := &inFlight{}
+	m.reconciling.Store(name, mark)
+	return func() {
+		m.reconciling.CompareAndDelete(name, mark)
+		if tr := mark.seen.Load(); tr != nil {
+			m.startsFrom(tr)
+		}
+	}
 }
 
 // reachedBy tells whether tr is at the patch's version or later. resourceVersions are etcd

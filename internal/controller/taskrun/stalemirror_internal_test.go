@@ -2,6 +2,7 @@ package taskrun
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
@@ -95,8 +96,9 @@ func TestAMirrorIsWrittenOnceWhileTheCacheIsBehindIt(t *testing.T) {
 // only until the cache has the patch. The patch's own watch event shows that; it is the echo
 // of berth's write, so it starts no reconcile, and a task waiting for hours keeps nothing of
 // the patch meanwhile all the same. While a reconcile of the TaskRun is under way, which may
-// hold the cache's older copy, the event leaves the patch to it. (A reconcile that starts
-// from a cache with the patch in it lets it go too: TestAMirrorIsWrittenOnceWhileTheCacheIsBehindIt.)
+// hold the cache's older copy, the event leaves the patch to it, and the reconcile lets it go
+// as it ends, unless it patched the TaskRun again since. (A reconcile that starts from a cache
+// with the patch in it lets it go too: TestAMirrorIsWrittenOnceWhileTheCacheIsBehindIt.)
 func TestTheWatchEventOfBerthsPatchLetsThePatchGo(t *testing.T) {
 	h := newHarness(t, hostsConfig(1, "h1"), nil)
 	h.create(userTaskRun("served", s390x))
@@ -113,26 +115,46 @@ func TestTheWatchEventOfBerthsPatchLetsThePatchGo(t *testing.T) {
 	}
 	// The watch brings the labelled TaskRun, as the reconcile's watch of TaskRuns filters it.
 	labelled := h.get("waiter")
-	echo := func() (passed bool) {
+	echo := func(tr *pipelinev1.TaskRun) (passed bool) {
 		for _, p := range h.r.reconcileTaskRunEvents() {
-			if !p.Update(event.UpdateEvent{ObjectOld: waiter, ObjectNew: labelled}) {
+			if !p.Update(event.UpdateEvent{ObjectOld: waiter, ObjectNew: tr}) {
 				return false
 			}
 		}
 		return true
 	}
-	done := h.r.mirror.reconcile(client.ObjectKeyFromObject(waiter))
-	if echo() {
+	key := client.ObjectKeyFromObject(waiter)
+	done := h.r.mirror.reconcile(key)
+	if echo(labelled) {
 		t.Error("the echo of berth's waiting label started a reconcile")
 	}
 	if !kept() {
 		t.Error("the watch brought berth's patch while a reconcile of the waiter was under way, and the mirror dropped what the patch left")
 	}
 	done()
-	// The echo again, as the reconcile's watch would have brought it with no reconcile under way.
-	echo()
 	if kept() {
-		t.Error("the watch brought berth's patch of the waiter, and the mirror still keeps what the patch left")
+		t.Error("the reconcile under way when the watch brought berth's patch has ended, and the mirror still keeps what the patch left")
+	}
+
+	// A reconcile that patches the TaskRun after the watch brought the earlier patch keeps
+	// what its own patch left: the cache has not got it yet.
+	done = h.r.mirror.reconcile(key)
+	echo(labelled)
+	newer := labelled.DeepCopy()
+	rv, err := strconv.ParseUint(labelled.ResourceVersion, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer.ResourceVersion = strconv.FormatUint(rv+1, 10)
+	h.r.mirror.notePatched(newer)
+	done()
+	if !kept() {
+		t.Error("a reconcile patched the waiter after the watch brought an older version, and the mirror dropped what its patch left")
+	}
+	// Its own event, with no reconcile under way, lets it go.
+	echo(newer)
+	if kept() {
+		t.Error("the watch brought berth's later patch of the waiter, and the mirror still keeps what the patch left")
 	}
 }
 
