@@ -432,8 +432,9 @@ func (l *Ledger) retire(s *hostState) {
 
 // runnable returns the waiters of a platform that free slots would serve now, in turn.
 func runnable(p *platform) []Task {
-	var out []Task
-	for _, g := range p.plan() {
+	plan := p.plan()
+	out := make([]Task, 0, len(plan))
+	for _, g := range plan {
 		out = append(out, g.task)
 	}
 	return out

@@ -231,7 +231,7 @@ func (p *platform) plan() []promise {
 		held int // with the slots promised in this plan
 	}
 	var (
-		out      []promise
+		out      = make([]promise, 0, min(p.slots, len(p.waiters)))
 		left     = p.slots
 		next     []inTurn
 		buf      [4]*hostState

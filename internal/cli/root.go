@@ -19,10 +19,10 @@ const KubectlPlugin = "kubectl-berth"
 
 // NewLogger is the logger of every berth process: JSON, or human-readable when development,
 // stamped to the nanosecond (a hand-over takes milliseconds; a log in seconds cannot show
-// where one waited).
+// where one waited). A logger's values are encoded only when it logs (deferValues).
 func NewLogger(development bool, opts ...zap.Opts) logr.Logger {
 	stamp := func(o *zap.Options) { o.TimeEncoder = zapcore.RFC3339NanoTimeEncoder }
-	return zap.New(append([]zap.Opts{zap.UseDevMode(development), stamp}, opts...)...)
+	return logr.New(deferValues(zap.New(append([]zap.Opts{zap.UseDevMode(development), stamp}, opts...)...).GetSink()))
 }
 
 // NewRootCommand returns the berth command with all its subcommands.
