@@ -1,14 +1,19 @@
 package devcli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -132,10 +137,11 @@ served tasks plus up to a second, and starts it again at once with the same comm
 controllerKills counts the kills. The cloud and the simulation live on.
 
 --plot FILE.svg (or FILE.png) draws each run's creation→secret latency distribution (CDF)
-beside its tasks served over time. --pprof DIR runs the bench's own controller with --pprof-bind-address and
-saves, for each run, its CPU profile over the measured part (cpu.pprof) and its heap at the
-end (heap.pprof) in DIR/<run>/: go tool pprof -top DIR/<run>/cpu.pprof. For every run, the
-floor's and the baseline's too, kube-apiserver's CPU profile over the measured part goes
+beside its tasks served over time. --pprof DIR runs the bench's own controller, and the floor and
+safe floor, with --pprof-bind-address and saves, for each run, its CPU profile over the
+measured part (cpu.pprof) and its heap at the end (heap.pprof) in DIR/<run>/: go tool pprof
+-top DIR/<run>/cpu.pprof, or -diff_base the safe floor's to see what berth spends beyond it.
+For every run, the baseline's too, kube-apiserver's CPU profile over the measured part goes
 beside them (kube-apiserver-cpu.pprof; read it with the test ground's kube-apiserver binary).
 
 --floor runs the floor first on a static scenario: a calibration controller that writes
@@ -247,7 +253,7 @@ The command fails when any run was incomplete, after printing every result.`,
 					name := fmt.Sprintf("%s-%g-%s", sc.Name, sc.Scale, run.label)
 					o := bench.Options{Controller: run.command, LogDir: filepath.Join(logDir, name), Log: cmd.ErrOrStderr(), RealTekton: tekton == "real", Install: install}
 					switch {
-					case pprofDir != "" && run.label == "controller":
+					case pprofDir != "" && (run.label == "controller" || strings.HasSuffix(run.label, "floor")):
 						addr, err := bench.FreeLoopbackAddress()
 						if err != nil {
 							return err
@@ -316,7 +322,7 @@ The command fails when any run was incomplete, after printing every result.`,
 	f.StringSliceVar(&install, "install", nil, "YAML files whose objects every run creates before its controller starts, the namespaced ones in berth-system: a baseline's own Tasks, which real Tekton must find to run its internal TaskRuns")
 	f.StringVar(&tekton, "tekton", "simulated", "what runs the user TaskRuns: simulated (the contract's simulation) or real (Tekton's own controller, with kwok pods; static scenarios, root)")
 	f.StringVar(&plotPath, "plot", "", "draw each run's latency distribution and tasks served over time into this SVG or PNG file")
-	f.StringVar(&pprofDir, "pprof", "", "save berth-dev's controller's CPU profile of the measured part and heap at the end of each run in a directory of its own under this one")
+	f.StringVar(&pprofDir, "pprof", "", "save the CPU profile of the measured part and the heap at the end of the bench's own controller and floors, each run in a directory of its own under this one")
 	return cmd
 }
 
@@ -325,8 +331,9 @@ const floorCommandName = "bench-floor"
 
 func newFloorCommand() *cobra.Command {
 	var (
-		pace float64
-		safe bool
+		pace      float64
+		safe      bool
+		pprofAddr string
 	)
 	cmd := &cobra.Command{
 		Use:    floorCommandName,
@@ -342,6 +349,11 @@ func newFloorCommand() *cobra.Command {
 			cfg.QPS, cfg.Burst = cli.DefaultKubeAPIQPS, cli.DefaultKubeAPIBurst
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if pprofAddr != "" {
+				if err := serveProfiles(ctx, pprofAddr); err != nil {
+					return err
+				}
+			}
 			err = bench.RunFloor(ctx, cfg, os.Getenv("POD_NAMESPACE"), bench.FloorOptions{Pace: pace, Safe: safe}, cmd.ErrOrStderr())
 			if ctx.Err() != nil {
 				return nil
@@ -351,7 +363,27 @@ func newFloorCommand() *cobra.Command {
 	}
 	cmd.Flags().Float64Var(&pace, "pace", 0, "assignments a second at most (0: as fast as it can)")
 	cmd.Flags().BoolVar(&safe, "safe", false, "the safe floor: records, the finalizer and build users over SSH besides")
+	cmd.Flags().StringVar(&pprofAddr, "pprof-bind-address", "", "address of Go's profiler endpoints (/debug/pprof/), as the controller's flag: --pprof profiles the floor too")
 	return cmd
+}
+
+// serveProfiles serves Go's profiler endpoints at addr until ctx ends, as the controller's
+// manager does with --pprof-bind-address, so that the bench profiles the floor like berth.
+func serveProfiles(ctx context.Context, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() { _ = srv.Serve(l) }()
+	return nil
 }
 
 // ownBinary is the binary of the controller the bench runs when no --controller is given: the
