@@ -1,6 +1,10 @@
 package cli
 
-import "github.com/go-logr/logr"
+import (
+	"slices"
+
+	"github.com/go-logr/logr"
+)
 
 // deferredValues is a LogSink that keeps the key/value pairs given to WithValues and hands them
 // to the sink under it only when a line is logged. zap encodes a logger's values as it is made
@@ -33,8 +37,10 @@ func (d *deferredValues) Error(err error, msg string, keysAndValues ...any) {
 	d.sink.Error(err, msg, d.with(keysAndValues)...)
 }
 
+// WithValues keeps a copy of keysAndValues: the caller may reuse its slice after the call,
+// where zap's With had encoded the values already.
 func (d *deferredValues) WithValues(keysAndValues ...any) logr.LogSink {
-	return &deferredValues{sink: d.sink, values: d.with(keysAndValues)}
+	return &deferredValues{sink: d.sink, values: append(slices.Clip(d.values), keysAndValues...)}
 }
 
 func (d *deferredValues) WithName(name string) logr.LogSink {
@@ -49,12 +55,10 @@ func (d *deferredValues) WithCallDepth(depth int) logr.LogSink {
 	return &deferredValues{sink: s.WithCallDepth(depth), values: d.values}
 }
 
-// with is the kept values followed by more, in a slice of its own: loggers made from one
-// share none of their values' backing array.
+// with is the kept values followed by more, for one line.
 func (d *deferredValues) with(more []any) []any {
 	if len(d.values) == 0 {
 		return more
 	}
-	all := make([]any, 0, len(d.values)+len(more))
-	return append(append(all, d.values...), more...)
+	return append(slices.Clip(d.values), more...)
 }

@@ -23,14 +23,20 @@ func TestALoggersValuesAreLoggedAsTheyWereGiven(t *testing.T) {
 	one.Info("first", "step", 1)
 	two.Error(errors.New("refused"), "second")
 	parent.V(5).Info("not at this level")
+	// A caller that reuses its slice after WithValues changes nothing of what was given.
+	kv := []any{"name", "three"}
+	three := root.WithValues(kv...)
+	kv[1] = "changed"
+	three.Info("third")
 
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("want two lines (the V(5) one is below the level), got %d:\n%s", len(lines), out.String())
+	if len(lines) != 3 {
+		t.Fatalf("want three lines (the V(5) one is below the level), got %d:\n%s", len(lines), out.String())
 	}
 	want := []map[string]any{
 		{"msg": "first", "logger": "berth", "controller": "taskrun", "name": "one", "step": float64(1)},
 		{"msg": "second", "logger": "berth", "controller": "taskrun", "name": "two", "error": "refused"},
+		{"msg": "third", "name": "three"},
 	}
 	for i, line := range lines {
 		var got map[string]any

@@ -69,7 +69,8 @@ type taskMirror struct {
 	// starts a reconcile.
 	foreign sync.Map
 	// reconciling holds the TaskRun names whose reconcile is under way (types.NamespacedName →
-	// *inFlight; one at most per name): caughtUp leaves their patches to them.
+	// *atomic.Pointer[pipelinev1.TaskRun], the latest copy the watch brought meanwhile; one at
+	// most per name): caughtUp leaves their patches to them.
 	reconciling sync.Map
 	// sets counts, per TaskRun UID, the times a step set the TaskRun's mirrors (see
 	// reconcileUser). Reconciles of one TaskRun never run at once, so a plain count will do.
@@ -370,7 +371,7 @@ func (m *taskMirror) startsFrom(tr *pipelinev1.TaskRun) {
 // The informer stores an object before it hands the object's event to the watches, so the
 // cache has the patch by then, and a reconcile that starts later reads it. A reconcile under
 // way may have read the cache before, and calls freshest on that older copy: while one is,
-// the event's version goes on the reconcile's mark, and the reconcile drops the note as it
+// the event's copy goes on the reconcile's mark, and the reconcile drops the note as it
 // ends (reconcile), unless it patched again since. A reconcile marks itself before it reads
 // the cache, so no such reconcile goes unseen here.
 func (m *taskMirror) caughtUp() predicate.Predicate {
@@ -385,9 +386,8 @@ func (m *taskMirror) caughtUp() predicate.Predicate {
 			m.startsFrom(tr)
 			return
 		}
-		mark := v.(*inFlight)
-		mark.saw(tr)
-		// The reconcile may have ended before the version went on its mark, and read none of it
+		v.(*atomic.Pointer[pipelinev1.TaskRun]).Store(tr)
+		// The reconcile may have ended before the copy went on its mark, and read none of it
 		// then. Any reconcile marked since read the cache after the informer stored tr.
 		if now, _ := m.reconciling.Load(name); now != v {
 			m.startsFrom(tr)
@@ -399,24 +399,15 @@ func (m *taskMirror) caughtUp() predicate.Predicate {
 	}
 }
 
-// inFlight marks a reconcile under way: the latest copy of its TaskRun the watch brought
-// meanwhile (caughtUp), for the reconcile to let berth's patch go as it ends.
-type inFlight struct {
-	seen atomic.Pointer[pipelinev1.TaskRun]
-}
-
-// saw keeps tr as the latest copy the watch brought during the reconcile.
-func (f *inFlight) saw(tr *pipelinev1.TaskRun) { f.seen.Store(tr) }
-
 // reconcile marks the reconcile of a TaskRun name under way, until the returned func is called.
 // When it is, a copy of the TaskRun the watch brought meanwhile counts as one the next
 // reconcile starts from (startsFrom): the cache held it before the reconcile ended.
 func (m *taskMirror) reconcile(name types.NamespacedName) (done func()) {
-	mark := &inFlight{}
-	m.reconciling.Store(name, mark)
+	seen := &atomic.Pointer[pipelinev1.TaskRun]{}
+	m.reconciling.Store(name, seen)
 	return func() {
-		m.reconciling.CompareAndDelete(name, mark)
-		if tr := mark.seen.Load(); tr != nil {
+		m.reconciling.CompareAndDelete(name, seen)
+		if tr := seen.Load(); tr != nil {
 			m.startsFrom(tr)
 		}
 	}
