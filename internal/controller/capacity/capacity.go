@@ -8,6 +8,7 @@ package capacity
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -35,6 +36,15 @@ type Capacity struct {
 	// controller can queue them first (JobEnds).
 	jobEnds  chan event.TypedGenericEvent[allocation.Task]
 	restored atomic.Bool
+
+	// pending holds the tasks woken whose reconcile has not started yet (Reconciling): a
+	// wake-up of one of them is already on its way, and the work queue would fold a second
+	// into it. Every freed slot and every reservation names all the tasks that can go now (as
+	// many as there are free slots), so without it the same tasks were sent again for each,
+	// through the channel, the event handler and the queue's lock, before the queue folded
+	// them. Each task in it has a reconcile on its way, which takes it out.
+	mu      sync.Mutex
+	pending map[allocation.Task]struct{}
 }
 
 // wakeBuffer is how many wake-ups wait in the channel before a sender hands its own to a
@@ -45,7 +55,8 @@ const wakeBuffer = 4096
 func New() *Capacity {
 	return &Capacity{ledger: allocation.New(),
 		wakeups: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer),
-		jobEnds: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer)}
+		jobEnds: make(chan event.TypedGenericEvent[allocation.Task], wakeBuffer),
+		pending: map[allocation.Task]struct{}{}}
 }
 
 // DebtPrefix starts the ledger name of a cleanup debt: a build user still to be removed,
@@ -54,13 +65,34 @@ func New() *Capacity {
 const DebtPrefix = "debt/"
 
 // Wake reconciles the TaskRuns now: a freed slot or a VM that became ready reaches its task
-// this way, not by polling (an ended host job by Notify). It never blocks and never drops one.
+// this way, not by polling (an ended host job by Notify). It never blocks and never drops one:
+// a task already woken and not yet reconciled is not sent again, since the reconcile to come
+// reads the ledger as it is then.
 func (c *Capacity) Wake(tasks ...allocation.Task) {
 	for _, t := range tasks {
-		if !strings.HasPrefix(t.Name, DebtPrefix) {
+		if !strings.HasPrefix(t.Name, DebtPrefix) && c.markPending(t) {
 			sendTo(c.wakeups, t)
 		}
 	}
+}
+
+// markPending notes t as woken and tells whether it was not already.
+func (c *Capacity) markPending(t allocation.Task) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.pending[t]; ok {
+		return false
+	}
+	c.pending[t] = struct{}{}
+	return true
+}
+
+// Reconciling is the task controller's word that a reconcile of t starts, before it reads the
+// ledger: a wake-up from now on is sent again, for what changes after that read.
+func (c *Capacity) Reconciling(t allocation.Task) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pending, t)
 }
 
 // sendTo puts the task on ch without blocking: when ch is full, a goroutine waits to send it.

@@ -1033,6 +1033,23 @@ func TestAHostAddedToTheConfigServesAWaiter(t *testing.T) {
 	}
 }
 
+// TestAWaiterWokenBeforeIsWokenAgainForAFreedSlot: a wake-up is sent once until the task's
+// reconcile starts (the capacity folds repeats), so a waiter woken for another reason (the
+// queue position's refresh, capacity that came and went) and reconciled while it still had
+// to wait must still be woken when a slot is freed for it.
+func TestAWaiterWokenBeforeIsWokenAgainForAFreedSlot(t *testing.T) {
+	h := newHarness(t, hostsConfig(1, "h1"), nil)
+	h.create(userTaskRun("holder", s390x))
+	waiter := h.create(userTaskRun("waiter", s390x))
+	h.settle()
+	h.r.Capacity.Wake(allocation.Task{Namespace: tenantNS, Name: "waiter"})
+	h.settle()
+	h.waiting("waiter")
+	h.finish("holder")
+	h.settle()
+	h.handedOver(waiter)
+}
+
 // TestARestartRedoesAUserBeingMade: restore. berth restarts while a build user is being made:
 // the new process does not have its key, so that user is owed a clean and a new one is made on
 // the same slot; the ledger rebuilt from the records keeps the slot, so the waiting task still

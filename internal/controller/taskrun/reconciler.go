@@ -109,6 +109,7 @@ func taskOf(tr *pipelinev1.TaskRun) allocation.Task {
 // a TaskRun that had this name (a deleted one, or one re-created under the same name).
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	defer r.mirror.reconcile(req.NamespacedName)()
+	r.Capacity.Reconciling(allocation.Task{Namespace: req.Namespace, Name: req.Name})
 	if done, err := r.line.restoreOnce(ctx); !done || err != nil {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, err
 	}
