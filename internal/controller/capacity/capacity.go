@@ -67,24 +67,18 @@ const DebtPrefix = "debt/"
 // Wake reconciles the TaskRuns now: a freed slot or a VM that became ready reaches its task
 // this way, not by polling (an ended host job by Notify). It never blocks and never drops one:
 // a task already woken and not yet reconciled is not sent again, since the reconcile to come
-// reads the ledger as it is then.
+// reads the ledger as it is then. One lock for the whole call: a release names up to as many
+// tasks as there are free slots.
 func (c *Capacity) Wake(tasks ...allocation.Task) {
-	for _, t := range tasks {
-		if !strings.HasPrefix(t.Name, DebtPrefix) && c.markPending(t) {
-			sendTo(c.wakeups, t)
-		}
-	}
-}
-
-// markPending notes t as woken and tells whether it was not already.
-func (c *Capacity) markPending(t allocation.Task) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.pending[t]; ok {
-		return false
+	for _, t := range tasks {
+		if _, sent := c.pending[t]; sent || strings.HasPrefix(t.Name, DebtPrefix) {
+			continue
+		}
+		c.pending[t] = struct{}{}
+		sendTo(c.wakeups, t) // never blocks
 	}
-	c.pending[t] = struct{}{}
-	return true
 }
 
 // Reconciling is the task controller's word that a reconcile of t starts, before it reads the

@@ -156,10 +156,13 @@ func (ds *debts) forgetHost(ctx context.Context, host string) error {
 	return nil
 }
 
-// cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to five minutes.
+// maxCleanBackoff is the longest wait between two tries of a failing clean.
+const maxCleanBackoff = 5 * time.Minute
+
+// cleanBackoff spaces out retries of a failing clean: 1s, 2s, 4s, … up to maxCleanBackoff.
 func cleanBackoff(failures int) time.Duration {
 	d := time.Second << min(failures-1, 9)
-	return min(d, 5*time.Minute)
+	return min(d, maxCleanBackoff)
 }
 
 // ForgetHost drops every build user owed to the host and frees the slots they held: for a host

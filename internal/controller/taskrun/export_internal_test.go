@@ -28,6 +28,9 @@ func MetadataPatch(before, after *metav1.ObjectMeta) ([]byte, error) {
 // TestFailed is testFailed.
 var TestFailed = testFailed
 
+// MaxCleanBackoff is the longest wait between two tries of a failing clean.
+const MaxCleanBackoff = maxCleanBackoff
+
 // RestoredLine is the line of a platform that a controller starting now, with config cfg, finds
 // from the cluster before its first decision: the records in namespace and the TaskRuns that
 // wait without one (restoreRecord and restoreQueue on a new ledger).

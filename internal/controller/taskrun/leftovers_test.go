@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/dev/devstack"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 )
@@ -118,10 +119,10 @@ func TestABuildUsersLeftoversCostOnlyItsOwnSlot(t *testing.T) {
 	// What was left can go now: the retried clean removes the user, its slot is free, and the
 	// tenant's next task runs.
 	unmount()
-	// The clean's retries back off, doubling from a second up to five minutes (cleanBackoff):
-	// on a loaded machine the steps above take long enough for the next retry to lie past
-	// Patience, so the wait allows for the longest backoff too.
-	stacktest.EventuallyWithin(t, stacktest.Patience+5*time.Minute, 250*time.Millisecond, "the retried clean removed "+user, func() (bool, error) {
+	// The clean's retries back off, doubling from a second up to MaxCleanBackoff: on a loaded
+	// machine the steps above take long enough for the next retry to lie past Patience, so
+	// the wait allows for the longest backoff too.
+	stacktest.EventuallyWithin(t, stacktest.Patience+taskrun.MaxCleanBackoff, 250*time.Millisecond, "the retried clean removed "+user, func() (bool, error) {
 		bh := buildHostRecord(t, host.Name)
 		return len(bh.Status.Leftovers) == 0 && !userExists(t, host, user), fmt.Errorf("leftovers %+v", bh.Status.Leftovers)
 	})

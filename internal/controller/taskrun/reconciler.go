@@ -109,7 +109,8 @@ func taskOf(tr *pipelinev1.TaskRun) allocation.Task {
 // a TaskRun that had this name (a deleted one, or one re-created under the same name).
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	defer r.mirror.reconcile(req.NamespacedName)()
-	r.Capacity.Reconciling(allocation.Task{Namespace: req.Namespace, Name: req.Name})
+	task := allocation.Task{Namespace: req.Namespace, Name: req.Name}
+	r.Capacity.Reconciling(task)
 	if done, err := r.line.restoreOnce(ctx); !done || err != nil {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, err
 	}
@@ -145,7 +146,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		results.add(r.reconcileUser(ctx, tr, own))
 	} else if len(records) == 0 {
 		// Gone without a record: it may still sit in a queue rebuilt before it went.
-		results.add(reconcile.Result{}, r.finishing.releaseUnrecorded(allocation.Task{Namespace: req.Namespace, Name: req.Name}))
+		results.add(reconcile.Result{}, r.finishing.releaseUnrecorded(task))
 	}
 	return results.result()
 }
