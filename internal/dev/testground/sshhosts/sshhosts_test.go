@@ -239,10 +239,20 @@ func TestCutAndRestore(t *testing.T) {
 	}
 }
 
-func netnsInode(t *testing.T, name string) uint64 {
+// holdNetns returns the inode of the host's network namespace and holds the namespace open
+// until the test ends. Held, the namespace outlives Close, and with it its inode: the kernel
+// gives a freed namespace's inode to the next one made, and another test process may take the
+// slot and make one the moment Close gives it back, so a check by inode after Close would see
+// that host's processes.
+func holdNetns(t *testing.T, name string) uint64 {
 	t.Helper()
+	held, err := os.Open(filepath.Join(netnsDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close() })
 	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(netnsDir, name), &st); err != nil {
+	if err := syscall.Fstat(int(held.Fd()), &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Ino
@@ -276,15 +286,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 	}
 	defer f.Close()
 	h := f.Hosts[0]
-	ino := netnsInode(t, h.Name)
-	// Held open, the namespace's file keeps the namespace itself after Close, and with it its
-	// inode: the kernel gives a freed namespace's inode to the next one made, and another test
-	// process may take the slot and make one the moment Close gives it back.
-	held, err := os.Open(filepath.Join(netnsDir, h.Name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	ino := holdNetns(t, h.Name)
 	running := processesInNetns(ino)
 	if !strings.Contains(strings.Join(running, "\n"), " sshd") {
 		t.Fatalf("no sshd among the host's processes %q", running)
@@ -486,7 +488,7 @@ func TestStartHostAloneWithGivenAdminKey(t *testing.T) {
 		t.Fatal("root logged in with a key that is not the admin key")
 	}
 
-	ino := netnsInode(t, h.Name)
+	ino := holdNetns(t, h.Name)
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
