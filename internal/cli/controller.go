@@ -16,6 +16,9 @@ const (
 	// DefaultGCPercent halves the heap's headroom over what is live (Go's default is 100), for
 	// a little more of the controller's CPU (docs/memory.md).
 	DefaultGCPercent = 50
+	// DefaultMaxProcs runs the controller's Go code on one processor: its work is mostly
+	// waiting, and more processors cost CPU in the runtime (docs/task-cost.md).
+	DefaultMaxProcs = 1
 )
 
 func newControllerCommand() *cobra.Command {
@@ -59,6 +62,7 @@ func newControllerCommand() *cobra.Command {
 	f.BoolVar(&o.LeaderElection, "leader-elect", o.LeaderElection, "elect a leader, so that several replicas are safe")
 	f.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader election lease")
 	f.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent, "Go's GC percent (as GOGC): how far the heap may grow over what is live before a collection. Lower saves memory for CPU; 0, or GOGC in the environment, leaves Go's")
+	f.IntVar(&o.MaxProcs, "max-procs", DefaultMaxProcs, "processors running the controller's Go code at once (as GOMAXPROCS). berth's work is mostly waiting on the apiserver and SSH; raise it for rsa-3072 user keys under bursts. 0, or GOMAXPROCS in the environment, leaves Go's (one per core, or the container's CPU limit)")
 	f.IntVar(&o.ConcurrentReconciles, "concurrent-reconciles", o.ConcurrentReconciles, "TaskRuns reconciled in parallel")
 	f.DurationVar(&o.WaitTimeout, "wait-timeout", o.WaitTimeout, "how long a task may wait for a host before it gets an error; 0 waits forever")
 	f.DurationVar(&o.FailedTaskRetention, "failed-task-retention", o.FailedTaskRetention, "how long failed provision, clean and update TaskRuns are kept for their logs")

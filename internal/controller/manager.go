@@ -55,7 +55,10 @@ type Options struct {
 	// machine had room for them (docs/task-cost.md).
 	ConcurrentReconciles int
 	// GCPercent is Go's GC percent for the process (see useGCPercent); 0 leaves the runtime's.
-	GCPercent           int
+	GCPercent int
+	// MaxProcs is how many processors run the process's Go code at once (see setMaxProcs); 0
+	// leaves the runtime's.
+	MaxProcs            int
 	WaitTimeout         time.Duration
 	FailedTaskRetention time.Duration
 	HostCheckInterval   time.Duration
@@ -237,6 +240,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
+	setMaxProcs(o.MaxProcs)
 	if err := useGCPercent(mgr, o.GCPercent); err != nil {
 		return nil, err
 	}
