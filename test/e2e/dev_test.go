@@ -122,8 +122,19 @@ func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
 	}
 	// The host's slot (and so its name) may go to a stack of another test package the moment
 	// berth dev frees it: what must not outlive berth dev is this namespace and these mounts,
-	// told apart by the namespace's inode and the exact mountinfo lines.
-	netnsIno := inode(t, filepath.Join("/run/netns", hostName))
+	// told apart by the namespace's inode and the exact mountinfo lines. The kernel gives a
+	// freed namespace's inode to the next one made, so the namespace is held open until the
+	// checks are done: held, it keeps its inode, and no other stack's namespace can have it.
+	held, err := os.Open(filepath.Join("/run/netns", hostName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	var heldStat syscall.Stat_t
+	if err := syscall.Fstat(int(held.Fd()), &heldStat); err != nil {
+		t.Fatal(err)
+	}
+	netnsIno := heldStat.Ino
 	ourMounts := linesWith(readFile(t, "/proc/self/mountinfo"), hostName)
 	if len(ourMounts) == 0 {
 		t.Fatalf("the host's network namespace is not mounted under /run/netns")
