@@ -28,6 +28,7 @@ import (
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/repo"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
 
 // `make run` is `berth-dev dev`: it must come up, be reachable as printed, and leave nothing behind
@@ -122,19 +123,13 @@ func TestDevStackComesUpAndLeavesNothingBehind(t *testing.T) {
 	}
 	// The host's slot (and so its name) may go to a stack of another test package the moment
 	// berth dev frees it: what must not outlive berth dev is this namespace and these mounts,
-	// told apart by the namespace's inode and the exact mountinfo lines. The kernel gives a
-	// freed namespace's inode to the next one made, so the namespace is held open until the
-	// checks are done: held, it keeps its inode, and no other stack's namespace can have it.
-	held, err := os.Open(filepath.Join("/run/netns", hostName))
+	// told apart by the namespace's inode, held until the checks are done (HoldNamespace), and
+	// the exact mountinfo lines.
+	held, netnsIno, err := sshhosts.HoldNamespace(hostName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	var heldStat syscall.Stat_t
-	if err := syscall.Fstat(int(held.Fd()), &heldStat); err != nil {
-		t.Fatal(err)
-	}
-	netnsIno := heldStat.Ino
 	ourMounts := linesWith(readFile(t, "/proc/self/mountinfo"), hostName)
 	if len(ourMounts) == 0 {
 		t.Fatalf("the host's network namespace is not mounted under /run/netns")

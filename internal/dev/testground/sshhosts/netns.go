@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -120,4 +121,22 @@ func routeDevice(ip string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("ip route get %s: no device in %q", ip, out)
+}
+
+// HoldNamespace opens the named network namespace (a host's is its Name) and returns the open
+// file and the namespace's inode. While the file stays open the namespace, and with it its
+// inode, outlives its name. The kernel gives a freed namespace's inode to the next one made, and
+// a slot given back may at once be another host's, so a check by inode that nothing of a host
+// is left after it is gone is only sound while its namespace is held.
+func HoldNamespace(name string) (*os.File, uint64, error) {
+	f, err := os.Open(filepath.Join(netnsDir, name))
+	if err != nil {
+		return nil, 0, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, st.Ino, nil
 }

@@ -240,22 +240,15 @@ func TestCutAndRestore(t *testing.T) {
 }
 
 // holdNetns returns the inode of the host's network namespace and holds the namespace open
-// until the test ends. Held, the namespace outlives Close, and with it its inode: the kernel
-// gives a freed namespace's inode to the next one made, and another test process may take the
-// slot and make one the moment Close gives it back, so a check by inode after Close would see
-// that host's processes.
+// until the test ends (HoldNamespace), so a check by inode after Close sees this host only.
 func holdNetns(t *testing.T, name string) uint64 {
 	t.Helper()
-	held, err := os.Open(filepath.Join(netnsDir, name))
+	held, ino, err := HoldNamespace(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { held.Close() })
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(held.Fd()), &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Ino
+	return ino
 }
 
 // processesInNetns lists every process on this machine in the network namespace with inode
