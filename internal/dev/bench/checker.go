@@ -9,18 +9,28 @@ import (
 	"time"
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
-	"k8s.io/client-go/rest"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/contract"
 )
 
 // hostChecker sees, from a watch, how many tasks hold each host, how long a freed slot stays
-// empty while tasks wait, and which tasks ever carried the waiting-for-platform label (a watch
-// delivers every version of an object, resuming where it broke off; only a watch too far
-// behind to resume re-lists, and could miss a label that came and went meanwhile).
+// empty while tasks wait, and which tasks ever carried the waiting-for-platform label.
+//
+// It must see every version of every TaskRun, in the order the apiserver wrote them. An
+// informer does not promise that: when its watch ends with an error (a watch the apiserver
+// closes at once, under load), it lists again and replays the list in name order, so a task
+// that took a freed slot may come before the task that left it, and the host looks held by
+// one task too many for a moment. Such a replay counted over-commits where the controller's
+// own bookkeeping had none. So the checker lists once and then watches from that list's
+// resourceVersion, and a watch that ends is resumed from the last version it delivered
+// (client-go's RetryWatcher). If the apiserver no longer has that version, the checker has
+// lost what happened in between: it says so (lost), and the run's count is not to be trusted.
 type hostChecker struct {
 	mu         sync.Mutex
 	capacity   int
@@ -32,43 +42,69 @@ type hostChecker struct {
 	// tasksOn lists the tasks each host was ever assigned, in order, each once.
 	tasksOn map[string][]string
 	waited  map[string]bool
+	// lost says why the watch ended before the run did; "" while it follows every change.
+	lost string
 }
 
-func watchHosts(ctx context.Context, cfg *rest.Config, c client.Client, capacity int, waiting func() int) (*hostChecker, error) {
-	informers, err := cache.New(cfg, cache.Options{Scheme: c.Scheme(), DefaultNamespaces: map[string]cache.Config{userNamespace: {}}})
-	if err != nil {
-		return nil, err
-	}
-	inf, err := informers.GetInformer(ctx, &pipelinev1.TaskRun{})
-	if err != nil {
+func watchHosts(ctx context.Context, c client.WithWatch, capacity int, waiting func() int) (*hostChecker, error) {
+	var initial pipelinev1.TaskRunList
+	if err := c.List(ctx, &initial, client.InNamespace(userNamespace)); err != nil {
 		return nil, err
 	}
 	h := newHostChecker(capacity)
-	seen := func(obj any) {
-		if tr, ok := obj.(*pipelinev1.TaskRun); ok {
-			h.observe(tr.Name, tr.Labels[contract.AssignedHostLabel], waiting())
-			if tr.Labels[contract.WaitingForPlatformLabel] != "" {
-				h.sawWaiting(tr.Name)
-			}
-		}
+	for i := range initial.Items {
+		h.see(&initial.Items[i], waiting())
 	}
-	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    seen,
-		UpdateFunc: func(_, obj any) { seen(obj) },
-		DeleteFunc: func(obj any) {
-			if tr, ok := obj.(*pipelinev1.TaskRun); ok {
-				h.observe(tr.Name, "", waiting())
-			}
-		},
-	})
+	resume := &toolscache.ListWatch{WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+		return c.Watch(ctx, &pipelinev1.TaskRunList{}, client.InNamespace(userNamespace), &client.ListOptions{Raw: &opts})
+	}}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, initial.ResourceVersion, resume)
 	if err != nil {
 		return nil, err
 	}
-	go func() { _ = informers.Start(ctx) }()
-	if !informers.WaitForCacheSync(ctx) {
-		return nil, fmt.Errorf("the checker's informer did not sync")
-	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			switch tr, _ := ev.Object.(*pipelinev1.TaskRun); {
+			case ev.Type == watch.Error:
+				h.lose(fmt.Sprintf("the watch of TaskRuns failed: %v", apierrors.FromObject(ev.Object)))
+				return
+			case tr == nil || ev.Type == watch.Bookmark:
+			case ev.Type == watch.Deleted:
+				h.observe(tr.Name, "", waiting())
+			default:
+				h.see(tr, waiting())
+			}
+		}
+		if ctx.Err() == nil {
+			h.lose("the watch of TaskRuns ended")
+		}
+	}()
 	return h, nil
+}
+
+// see takes in a version of a TaskRun.
+func (h *hostChecker) see(tr *pipelinev1.TaskRun, waiting int) {
+	h.observe(tr.Name, tr.Labels[contract.AssignedHostLabel], waiting)
+	if tr.Labels[contract.WaitingForPlatformLabel] != "" {
+		h.sawWaiting(tr.Name)
+	}
+}
+
+// lose records, once, why the checker stopped following the TaskRuns.
+func (h *hostChecker) lose(why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost == "" {
+		h.lost = why
+	}
+}
+
+// lostWatch says why the checker stopped following the TaskRuns, "" if it never did.
+func (h *hostChecker) lostWatch() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lost
 }
 
 func newHostChecker(capacity int) *hostChecker {

@@ -130,7 +130,7 @@ type run struct {
 
 	cp      *controlplane.ControlPlane
 	cfg     *rest.Config
-	c       client.Client
+	c       client.WithWatch
 	answers hostAnswers
 	cloud   *vmcloud.Cloud
 	sim     *Tekton
@@ -234,7 +234,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		Real:       r.tekton != nil,
 	}
 	go func() { _ = r.sim.Run(simCtx, r.cfg) }()
-	r.chk, err = watchHosts(simCtx, r.cfg, r.c, r.sc.Concurrency, r.waiting)
+	r.chk, err = watchHosts(simCtx, r.c, r.sc.Concurrency, r.waiting)
 	if err != nil {
 		return nil, err
 	}
@@ -309,6 +309,7 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 	}
 	from = time.Now()
 	cpuFrom := r.cpuNow()
+	stealFrom, stealKnown := stealSeconds()
 	apiServer, err := apiServerGetter(r.cfg)
 	if err != nil {
 		return from, start, err
@@ -362,6 +363,9 @@ func (r *run) measure(ctx context.Context, res *Result) (from, start time.Time, 
 	}
 	r.quiesce(ctx)
 	res.MeasuredCPUSeconds = grown(cpuFrom, r.cpuNow())
+	if stealTo, ok := stealSeconds(); ok && stealKnown {
+		res.StealSeconds = stealTo - stealFrom
+	}
 	if storageErr == nil {
 		var storageTo map[string]float64
 		if storageTo, storageErr = storageCounters(ctx, apiServer); storageErr == nil {
@@ -456,6 +460,9 @@ func (r *run) report(ctx context.Context, res *Result, from, start time.Time) er
 		}
 	}
 	res.HandOver, res.Violations = r.chk.result()
+	if lost := r.chk.lostWatch(); lost != "" && res.Incomplete == "" {
+		res.Incomplete = "the over-commit check stopped following the TaskRuns, so its count misses what came after: " + lost
+	}
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
