@@ -67,6 +67,7 @@ func PrintTable(w io.Writer, results []*Result) {
 		row(p+" CPU s, measured part", func(r *Result) float64 { return r.MeasuredCPUSeconds[p] }, "%.1f")
 	}
 	row("CPU per task served ms (all four)", func(r *Result) float64 { return r.CPUMsPerTask }, "%.1f")
+	row("CPU s taken by the host (steal), measured part", func(r *Result) float64 { return r.StealSeconds }, "%.1f")
 	row("over-commit violations", func(r *Result) float64 { return float64(r.Violations) }, "%.0f")
 	row("controller kills", func(r *Result) float64 { return float64(r.ControllerKills) }, "%.0f")
 	row("warnings on user tasks", func(r *Result) float64 { return float64(r.userWarnings()) }, "%.0f")

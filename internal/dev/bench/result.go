@@ -66,6 +66,11 @@ type Result struct {
 	// served: what one task costs the machine, controller and apiserver together.
 	MeasuredCPUSeconds map[string]float64 `json:"measuredCpuSeconds"`
 	CPUMsPerTask       float64            `json:"cpuMsPerTask"`
+	// StealSeconds is the time the host of this virtual machine kept its processors from
+	// running over the measured part, all processors together (/proc/stat; see steal.go); 0
+	// on a machine that does not tell. Beside makespan × processors it says how much of the
+	// run its neighbours took.
+	StealSeconds float64 `json:"stealSeconds"`
 	// StorageRequests counts kube-apiserver's requests to etcd in the measured part by
 	// operation and resource (see storageCounters): an update it retried on a conflict
 	// counts once per try, so beside the audit log's writes it shows the retries.

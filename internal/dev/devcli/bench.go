@@ -108,6 +108,8 @@ What a run reports:
                               controller and the harness (this process: simulation, simulated
                               hosts, watches), from /proc
   cpuMsPerTask                their sum per task served: what a task costs the machine
+  stealSeconds                CPU time the host of this virtual machine took from its
+                              processors over the measured part (/proc/stat's steal)
   apiStorageRequests          kube-apiserver's requests to etcd in the measured part by
                               operation and resource: an update retried on a conflict
                               counts once per try
