@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"strconv"
+
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // On a virtual machine the host may run other guests on the cores under this one's processors.
@@ -23,7 +25,8 @@ func stealSeconds() (float64, bool) {
 }
 
 // parseSteal reads the steal time from the first line of /proc/stat, the machine's total:
-// "cpu" then user, nice, system, idle, iowait, irq, softirq and steal, in USER_HZ.
+// "cpu" then user, nice, system, idle, iowait, irq, softirq and steal (the eighth, there since
+// Linux 2.6.11, proc(5)), in USER_HZ.
 func parseSteal(stat []byte) (float64, bool) {
 	line, _, _ := bytes.Cut(stat, []byte("\n"))
 	f := bytes.Fields(line)
@@ -34,5 +37,5 @@ func parseSteal(stat []byte) (float64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	return float64(ticks) / 100, true // USER_HZ
+	return float64(ticks) / controlplane.ClockTicks, true
 }

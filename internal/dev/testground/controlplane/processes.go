@@ -161,6 +161,10 @@ func (cp *ControlPlane) CPUSeconds() map[string]float64 {
 	return out
 }
 
+// ClockTicks is how many of the units /proc gives times in (USER_HZ, proc(5)) make a second:
+// 100 on the architectures Go builds Linux binaries for, whatever the kernel's own tick.
+const ClockTicks = 100
+
 // ProcessCPUSeconds is the CPU time (user and system) process pid has used, from
 // /proc/<pid>/stat.
 func ProcessCPUSeconds(pid string) (float64, bool) {
@@ -177,5 +181,5 @@ func ProcessCPUSeconds(pid string) (float64, bool) {
 	if err1 != nil || err2 != nil {
 		return 0, false
 	}
-	return (utime + stime) / 100, true // USER_HZ
+	return (utime + stime) / ClockTicks, true
 }
