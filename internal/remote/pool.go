@@ -16,13 +16,23 @@ type Pool struct {
 	idleTimeout time.Duration
 	maxIdle     int
 	mu          sync.Mutex
-	idle        map[string][]*ssh.Client
+	idle        map[string][]*idleConn
 	closed      bool
+	// after runs f once d has passed and returns what stops it (time.AfterFunc; a test's clock).
+	after func(d time.Duration, f func()) (stop func() bool)
+}
+
+// idleConn is a connection while it waits in the pool, with the timer of this one stay: a
+// connection taken and given back again waits anew, on a timer of its own.
+type idleConn struct {
+	client *ssh.Client
+	stop   func() bool
 }
 
 // NewPool keeps up to maxIdle idle connections per host, each for at most idleTimeout.
 func NewPool(idleTimeout time.Duration, maxIdle int) *Pool {
-	return &Pool{idleTimeout: idleTimeout, maxIdle: max(1, maxIdle), idle: map[string][]*ssh.Client{}}
+	return &Pool{idleTimeout: idleTimeout, maxIdle: max(1, maxIdle), idle: map[string][]*idleConn{},
+		after: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 }
 
 func poolKey(t Target) string {
@@ -43,13 +53,16 @@ func (p *Pool) take(ctx context.Context, t Target) *ssh.Client {
 			p.mu.Unlock()
 			return nil
 		}
-		conn := conns[len(conns)-1]
+		e := conns[len(conns)-1]
 		p.idle[key] = conns[:len(conns)-1]
 		p.mu.Unlock()
-		if alive(ctx, conn) {
-			return conn
+		// Stopped, the timer frees its function at once instead of holding the connection
+		// until the idle timeout; one that fires anyway finds its stay over (expire).
+		e.stop()
+		if alive(ctx, e.client) {
+			return e.client
 		}
-		conn.Close()
+		e.client.Close()
 	}
 }
 
@@ -80,20 +93,22 @@ func (p *Pool) put(t Target, conn *ssh.Client) {
 		conn.Close()
 		return
 	}
-	p.idle[key] = append(p.idle[key], conn)
+	e := &idleConn{client: conn}
+	e.stop = p.after(p.idleTimeout, func() { p.expire(key, e) })
+	p.idle[key] = append(p.idle[key], e)
 	p.mu.Unlock()
-	time.AfterFunc(p.idleTimeout, func() { p.expire(key, conn) })
 }
 
-// expire closes conn if it is still idle.
-func (p *Pool) expire(key string, conn *ssh.Client) {
+// expire closes the connection of e if that stay in the pool is not over yet: taken and given
+// back since, the connection waits on a newer timer.
+func (p *Pool) expire(key string, e *idleConn) {
 	p.mu.Lock()
 	conns := p.idle[key]
 	for i, c := range conns {
-		if c == conn {
+		if c == e {
 			p.idle[key] = append(conns[:i:i], conns[i+1:]...)
 			p.mu.Unlock()
-			conn.Close()
+			e.client.Close()
 			return
 		}
 	}
@@ -104,11 +119,12 @@ func (p *Pool) expire(key string, conn *ssh.Client) {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	all := p.idle
-	p.idle, p.closed = map[string][]*ssh.Client{}, true
+	p.idle, p.closed = map[string][]*idleConn{}, true
 	p.mu.Unlock()
 	for _, conns := range all {
-		for _, c := range conns {
-			c.Close()
+		for _, e := range conns {
+			e.stop()
+			e.client.Close()
 		}
 	}
 }
