@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"k8s.io/utils/clock"
 )
 
 // Pool keeps SSH connections open between jobs on the same host, so that a burst of tasks on a
@@ -18,21 +19,20 @@ type Pool struct {
 	mu          sync.Mutex
 	idle        map[string][]*idleConn
 	closed      bool
-	// after runs f once d has passed and returns what stops it (time.AfterFunc; a test's clock).
-	after func(d time.Duration, f func()) (stop func() bool)
+	clock       clock.WithDelayedExecution // the real one; a test's fake
 }
 
 // idleConn is a connection while it waits in the pool, with the timer of this one stay: a
 // connection taken and given back again waits anew, on a timer of its own.
 type idleConn struct {
 	client *ssh.Client
-	stop   func() bool
+	timer  clock.Timer
 }
 
 // NewPool keeps up to maxIdle idle connections per host, each for at most idleTimeout.
 func NewPool(idleTimeout time.Duration, maxIdle int) *Pool {
 	return &Pool{idleTimeout: idleTimeout, maxIdle: max(1, maxIdle), idle: map[string][]*idleConn{},
-		after: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
+		clock: clock.RealClock{}}
 }
 
 func poolKey(t Target) string {
@@ -58,7 +58,7 @@ func (p *Pool) take(ctx context.Context, t Target) *ssh.Client {
 		p.mu.Unlock()
 		// Stopped, the timer frees its function at once instead of holding the connection
 		// until the idle timeout; one that fires anyway finds its stay over (expire).
-		e.stop()
+		e.timer.Stop()
 		if alive(ctx, e.client) {
 			return e.client
 		}
@@ -94,7 +94,7 @@ func (p *Pool) put(t Target, conn *ssh.Client) {
 		return
 	}
 	e := &idleConn{client: conn}
-	e.stop = p.after(p.idleTimeout, func() { p.expire(key, e) })
+	e.timer = p.clock.AfterFunc(p.idleTimeout, func() { p.expire(key, e) })
 	p.idle[key] = append(p.idle[key], e)
 	p.mu.Unlock()
 }
@@ -123,7 +123,7 @@ func (p *Pool) Close() {
 	p.mu.Unlock()
 	for _, conns := range all {
 		for _, e := range conns {
-			e.stop()
+			e.timer.Stop()
 			e.client.Close()
 		}
 	}
