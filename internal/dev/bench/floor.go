@@ -37,9 +37,11 @@ import (
 // user task, as the contract says (the plain floor serves one at its creation). It writes a
 // record of each assignment in the controller's namespace before the host is touched and
 // deletes it after the build user is gone: what a restart needs to find every user it owes a
-// host. It puts the contract's finalizer beside the label. It makes the build user over SSH
-// with a fresh key before the secret and removes it after the task, with berth's own host
-// scripts through berth's connection pool. Its rate is what any controller doing that work
+// host. It puts the contract's finalizer and target-platform label beside the assigned host,
+// and leaves the target platform on at the end, as berth does. It makes the build user over
+// SSH with a fresh key before the secret and removes it after the task, with berth's own host
+// scripts through berth's connection pool. The secret is the contract's, owned by its TaskRun
+// (tasksecret, as berth builds it). Its rate is what any controller doing that work
 // can reach on the machine: no waiting label, Event, seal, check of a tenant's edit or
 // recovery after a restart.
 

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -13,9 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"knative.dev/pkg/apis"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 )
 
 // floorRig is a floor whose writes run at once and are recorded in order.
@@ -183,4 +186,42 @@ func TestTheSafeFloorWaitsForTektonsResolve(t *testing.T) {
 	if got := r.take(); len(got) != 0 {
 		t.Fatalf("a TaskRun mounting no task secret was served: %q", got)
 	}
+}
+
+// The safe floor's labels keep the contract, on a real apiserver: the assigned host, the
+// target platform and the finalizer go on together; at the end the assigned host and the
+// finalizer come off and the target platform stays, as berth leaves it.
+func TestTheSafeFloorLabelsAsTheContractSays(t *testing.T) {
+	ctx := context.Background()
+	if err := cp.EnsureNamespace(ctx, userNamespace); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cp.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := userTask("safe-floor-labels")
+	if err := c.Create(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	task := client.ObjectKeyFromObject(tr)
+	check := func(when string, wantLabels map[string]string, wantFinalizers []string) {
+		t.Helper()
+		var got pipelinev1.TaskRun
+		if err := c.Get(ctx, task, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(got.Labels, wantLabels) || !slices.Equal(got.Finalizers, wantFinalizers) {
+			t.Fatalf("%s: labels %v finalizers %v, want %v and %v", when, got.Labels, got.Finalizers, wantLabels, wantFinalizers)
+		}
+	}
+	if err := labelTask(ctx, c, task, "host-1", "linux/s390x", true); err != nil {
+		t.Fatal(err)
+	}
+	check("served", map[string]string{contract.AssignedHostLabel: "host-1", contract.TargetPlatformLabel: "linux-s390x"},
+		[]string{contract.Finalizer})
+	if err := labelTask(ctx, c, task, "", "", true); err != nil {
+		t.Fatal(err)
+	}
+	check("freed", map[string]string{contract.TargetPlatformLabel: "linux-s390x"}, nil)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/remote"
+	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
 // plainWrites are the floor's: the label and a secret with a dummy key, the label's removal.
@@ -28,7 +29,7 @@ type plainWrites struct {
 }
 
 func (w plainWrites) hand(job floorJob) {
-	if err := labelTask(w.ctx, w.c, job.task, job.host.Name, false); err != nil {
+	if err := labelTask(w.ctx, w.c, job.task, job.host.Name, "", false); err != nil {
 		fmt.Fprintf(w.log, "floor: labelling %s: %v\n", job.task, err)
 	}
 	if err := createTaskSecret(w.ctx, w.c, job.task, job.host.User+"@"+job.host.Address, "floor", "/home/floor"); err != nil {
@@ -37,7 +38,7 @@ func (w plainWrites) hand(job floorJob) {
 }
 
 func (w plainWrites) free(job floorJob) {
-	if err := labelTask(w.ctx, w.c, job.task, "", false); err != nil {
+	if err := labelTask(w.ctx, w.c, job.task, "", "", false); err != nil {
 		fmt.Fprintf(w.log, "floor: releasing %s: %v\n", job.task, err)
 	}
 }
@@ -76,8 +77,10 @@ func (w *safeWrites) reach(hosts []*config.StaticHost, keys *adminkeys.Keys) err
 	return nil
 }
 
-// hand writes the record, labels the task and puts the finalizer on it, makes the build user
-// with a fresh key and hands the secret over: berth's order, a record before the host.
+// hand writes the record, labels the task (assigned host and, as the contract has it, target
+// platform) and puts the finalizer on it, makes the build user with a fresh key and hands the
+// secret over in the contract's shape (tasksecret: owned by the TaskRun): berth's order, a
+// record before the host.
 func (w *safeWrites) hand(job floorJob) {
 	ctx := w.ctx
 	user := hostops.UserNameFor(string(job.host.Platform), string(job.uid), 0)
@@ -86,7 +89,7 @@ func (w *safeWrites) hand(job floorJob) {
 		fmt.Fprintf(w.log, "safe floor: the record of %s: %v\n", job.task, err)
 		return
 	}
-	if err := labelTask(ctx, w.c, job.task, job.host.Name, true); err != nil {
+	if err := labelTask(ctx, w.c, job.task, job.host.Name, string(job.host.Platform), true); err != nil {
 		fmt.Fprintf(w.log, "safe floor: labelling %s: %v\n", job.task, err)
 		return
 	}
@@ -101,7 +104,9 @@ func (w *safeWrites) hand(job floorJob) {
 		fmt.Fprintf(w.log, "safe floor: the build user of %s: %v\n", job.task, err)
 		return
 	}
-	if err := createTaskSecret(ctx, w.c, job.task, user+"@"+job.host.Address, string(private), dir); err != nil {
+	owner := tasksecret.Owner{Name: job.task.Name, Namespace: job.task.Namespace, UID: job.uid}
+	secret := tasksecret.ForHost(owner, tasksecret.Name(job.task.Name), user+"@"+job.host.Address, dir, private)
+	if err := w.c.Create(ctx, secret); err != nil {
 		fmt.Fprintf(w.log, "safe floor: the secret of %s: %v\n", job.task, err)
 	}
 }
@@ -116,7 +121,7 @@ func (w *safeWrites) free(job floorJob) {
 	if err := hostops.CleanOn(ctx, w.targets[job.host], string(job.host.Platform), user); err != nil {
 		fmt.Fprintf(w.log, "safe floor: removing the build user of %s: %v\n", job.task, err)
 	}
-	if err := labelTask(ctx, w.c, job.task, "", true); err != nil {
+	if err := labelTask(ctx, w.c, job.task, "", "", true); err != nil {
 		fmt.Fprintf(w.log, "safe floor: releasing %s: %v\n", job.task, err)
 	}
 	rec := &berthv1.Allocation{ObjectMeta: metav1.ObjectMeta{Namespace: w.namespace, Name: string(job.uid)}}
@@ -143,16 +148,21 @@ func (w *safeWrites) record(job floorJob, user string) *berthv1.Allocation {
 	}
 }
 
-// labelTask sets the assigned-host label of a task, or takes it off (host ""); with
-// finalizer, the contract's finalizer goes on or off with it. A merge patch replaces the
-// whole finalizer list: the bench's TaskRuns have no other finalizer.
-func labelTask(ctx context.Context, c client.Client, task types.NamespacedName, host string, finalizer bool) error {
+// labelTask sets the assigned-host label of a task, or takes it off (host ""); a platform
+// puts the target-platform label on with it, which stays when the assigned host goes. With
+// finalizer, the contract's finalizer goes on or off with the assigned host. A merge patch
+// replaces the whole finalizer list: the bench's TaskRuns have no other finalizer.
+func labelTask(ctx context.Context, c client.Client, task types.NamespacedName, host, platform string, finalizer bool) error {
 	var label any      // null takes the label off
 	var finalizers any // null takes them off
 	if host != "" {
 		label, finalizers = host, []string{contract.Finalizer}
 	}
-	meta := map[string]any{"labels": map[string]any{contract.AssignedHostLabel: label}}
+	labels := map[string]any{contract.AssignedHostLabel: label}
+	if platform != "" {
+		labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
+	}
+	meta := map[string]any{"labels": labels}
 	if finalizer {
 		meta["finalizers"] = finalizers
 	}

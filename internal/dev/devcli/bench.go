@@ -158,10 +158,10 @@ machine spends at that pace on the floor's writes alone.
 --safe-floor runs the safe floor before the controller: the floor's bookkeeping doing the
 work berth cannot leave out and nothing else. It serves a task once Tekton has resolved it
 (the contract's rule; the floor serves at creation). Per task it writes a record in berth-system
-before touching the host, the label with the contract's finalizer, makes the build user with
-a fresh key over SSH (berth's host scripts), writes the secret; once the task is done it
-removes the user, takes the label and finalizer off and deletes the record: 5 writes and 2
-SSH commands. Its rate is what any controller doing that work reaches on this machine.
+before touching the host, the labels (assigned host, target platform) with the contract's
+finalizer, makes the build user with a fresh key over SSH (berth's host scripts), writes the
+secret owned by its TaskRun; once the task is done it removes the user, takes the assigned
+host and finalizer off and deletes the record: 5 writes and 2 SSH commands. Its rate is what any controller doing that work reaches on this machine.
 --floor-pace paces it too.
 
 --tekton real runs a static scenario with Tekton's own controller and webhook in the loop
