@@ -174,8 +174,10 @@ func labelTask(ctx context.Context, c client.Client, task types.NamespacedName, 
 	return c.Patch(ctx, tr, client.RawPatch(types.MergePatchType, patch))
 }
 
-// createTaskSecret hands a task its secret: where to log in (user@address), a key and the
-// user's directory.
+// createTaskSecret hands a task the plain floor's secret: where to log in (user@address), a key
+// and the user's directory, and no owner reference. The plain floor is the machine's
+// calibration with the fewest bytes; the safe floor writes the contract's secret
+// (tasksecret.ForHost), as berth does.
 func createTaskSecret(ctx context.Context, c client.Client, task types.NamespacedName, login, key, dir string) error {
 	return c.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: contract.SecretPrefix + task.Name, Namespace: task.Namespace,

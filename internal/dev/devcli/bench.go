@@ -161,7 +161,8 @@ work berth cannot leave out and nothing else. It serves a task once Tekton has r
 before touching the host, the labels (assigned host, target platform) with the contract's
 finalizer, makes the build user with a fresh key over SSH (berth's host scripts), writes the
 secret owned by its TaskRun; once the task is done it removes the user, takes the assigned
-host and finalizer off and deletes the record: 5 writes and 2 SSH commands. Its rate is what any controller doing that work reaches on this machine.
+host and finalizer off and deletes the record: 5 writes and 2 SSH commands. Its rate is what
+any controller doing that work reaches on this machine.
 --floor-pace paces it too.
 
 --tekton real runs a static scenario with Tekton's own controller and webhook in the loop
