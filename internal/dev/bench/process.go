@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,10 +29,16 @@ type controllerProcess struct {
 	log    *os.File
 	// spent is what the killed processes used.
 	spent usage
-	kills int
+	// resident is the highest resident set sampled of any of its processes, split by kind.
+	resident residentSet
+	kills    int
 }
 
-type usage struct{ peakRSSMiB, cpuSeconds float64 }
+type usage struct {
+	peakRSSMiB, cpuSeconds float64
+	// peakAnonMiB and peakFileMiB split the highest resident set sampled (residentSet).
+	peakAnonMiB, peakFileMiB float64
+}
 
 // startController runs the command line through sh (exec, so the pid is the controller's) with
 // KUBECONFIG and POD_NAMESPACE set.
@@ -80,7 +87,73 @@ func (p *controllerProcess) start() error {
 		return fmt.Errorf("starting the controller %q: %w", p.command, err)
 	}
 	p.cmd, p.exited = cmd, exited
+	go p.sampleResident(cmd.Process.Pid, exited)
 	return nil
+}
+
+// residentSet is a process's resident memory at one moment, from /proc/<pid>/status, in KiB:
+// all of it (VmRSS), its anonymous pages (RssAnon: the heap, stacks and the runtime's own) and
+// its file-backed pages (RssFile: those of its binary and libraries that it touched).
+type residentSet struct{ total, anon, file float64 }
+
+// residentSampleInterval is how often sampleResident reads a process's resident set.
+const residentSampleInterval = 50 * time.Millisecond
+
+// sampleResident keeps in p.resident the highest resident set of process pid it sees until
+// exited is closed. The kernel keeps the peak itself (VmHWM) but not what it was made of; a
+// sample every residentSampleInterval comes within a few pages of it, since the controller's
+// resident set grows with its heap and the code it has run.
+func (p *controllerProcess) sampleResident(pid int, exited <-chan struct{}) {
+	path := "/proc/" + strconv.Itoa(pid) + "/status"
+	tick := time.NewTicker(residentSampleInterval)
+	defer tick.Stop()
+	for {
+		if status, err := os.ReadFile(path); err == nil {
+			if rs, ok := parseResident(status); ok {
+				p.mu.Lock()
+				if rs.total > p.resident.total {
+					p.resident = rs
+				}
+				p.mu.Unlock()
+			}
+		}
+		select {
+		case <-exited:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// parseResident reads a residentSet from the text of /proc/<pid>/status; false when it lacks
+// any of the three (a process that has exited, or a kernel older than 4.5).
+func parseResident(status []byte) (residentSet, bool) {
+	kib, ok := statusKiB(status, "VmRSS:", "RssAnon:", "RssFile:")
+	if !ok {
+		return residentSet{}, false
+	}
+	return residentSet{total: kib[0], anon: kib[1], file: kib[2]}, true
+}
+
+// statusKiB reads the values of keys (each with its colon, "VmHWM:") from the text of
+// /proc/<pid>/status, in KiB, in the order asked; false unless each is there as a number.
+func statusKiB(status []byte, keys ...string) ([]float64, bool) {
+	values, found := make([]float64, len(keys)), 0
+	for _, line := range strings.Split(string(status), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		if k := slices.Index(keys, f[0]); k >= 0 {
+			kib, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return nil, false
+			}
+			values[k] = kib
+			found++
+		}
+	}
+	return values, found == len(keys)
 }
 
 // killAndRestart kills the controller with SIGKILL, as a node failure or the OOM killer
@@ -141,15 +214,14 @@ func (p *controllerProcess) usage() usage {
 	var u usage
 	pid := strconv.Itoa(p.cmd.Process.Pid)
 	if status, err := os.ReadFile("/proc/" + pid + "/status"); err == nil {
-		for _, line := range strings.Split(string(status), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-				kb, _ := strconv.ParseFloat(f[1], 64)
-				u.peakRSSMiB = kb / 1024
-			}
+		if kib, ok := statusKiB(status, "VmHWM:"); ok {
+			u.peakRSSMiB = kib[0] / 1024
 		}
 	}
 	u.cpuSeconds, _ = controlplane.ProcessCPUSeconds(pid)
-	return u.plus(p.spent)
+	u = u.plus(p.spent)
+	u.peakAnonMiB, u.peakFileMiB = p.resident.anon/1024, p.resident.file/1024
+	return u
 }
 
 func (p *controllerProcess) stop() {

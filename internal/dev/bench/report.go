@@ -62,6 +62,8 @@ func PrintTable(w io.Writer, results []*Result) {
 	row("apiserver time per write p50 ms", func(r *Result) float64 { return r.ServerWriteTime.P50 }, "%.1f")
 	row("apiserver time per write p99 ms", func(r *Result) float64 { return r.ServerWriteTime.P99 }, "%.1f")
 	row("controller peak RSS MiB", func(r *Result) float64 { return r.PeakRSSMiB }, "%.1f")
+	row("  of it anonymous (heap, stacks) MiB", func(r *Result) float64 { return r.PeakRSSAnonMiB }, "%.1f")
+	row("  of it file-backed (binary, libraries) MiB", func(r *Result) float64 { return r.PeakRSSFileMiB }, "%.1f")
 	row("controller CPU s", func(r *Result) float64 { return r.CPUSeconds }, "%.1f")
 	for _, p := range []string{"kube-apiserver", "etcd", "controller", "harness"} {
 		row(p+" CPU s, measured part", func(r *Result) float64 { return r.MeasuredCPUSeconds[p] }, "%.1f")

@@ -91,8 +91,14 @@ type Result struct {
 	// 22 of a loopback address of its own), or IP:port where port 22 could not be had.
 	HostAddresses string  `json:"hostAddresses"`
 	PeakRSSMiB    float64 `json:"controllerPeakRssMiB"`
-	CPUSeconds    float64 `json:"controllerCpuSeconds"`
-	Violations    int     `json:"overcommitViolations"`
+	// PeakRSSAnonMiB and PeakRSSFileMiB split the highest resident set sampled (every 50 ms,
+	// so a little under PeakRSSMiB): anonymous pages (the heap, stacks, the runtime's own) and
+	// file-backed ones (the pages of its binary and libraries it touched). Two controllers'
+	// peaks differ in either for different reasons: what they keep, or how much code they run.
+	PeakRSSAnonMiB float64 `json:"controllerPeakRssAnonMiB"`
+	PeakRSSFileMiB float64 `json:"controllerPeakRssFileMiB"`
+	CPUSeconds     float64 `json:"controllerCpuSeconds"`
+	Violations     int     `json:"overcommitViolations"`
 	// ControllerKills is how many times chaos killed the controller during the run.
 	ControllerKills int `json:"controllerKills"`
 	// UserWarnings counts the Warning events on user TaskRuns by reason. Nothing in a run

@@ -445,6 +445,7 @@ func (r *run) createTask(ctx context.Context, tr *pipelinev1.TaskRun, measured b
 func (r *run) report(ctx context.Context, res *Result, from, start time.Time) error {
 	usage := r.ctrl.usage()
 	res.PeakRSSMiB, res.CPUSeconds, res.ControllerKills = usage.peakRSSMiB, usage.cpuSeconds, r.ctrl.killCount()
+	res.PeakRSSAnonMiB, res.PeakRSSFileMiB = usage.peakAnonMiB, usage.peakFileMiB
 	var err error
 	if res.UserWarnings, err = warningsOn(ctx, r.c, userNamespace); err != nil {
 		return err

@@ -104,6 +104,9 @@ What a run reports:
   apiReadsByKind              the controller's gets and lists past its cache in the measured
                               part, by resource and verb (audit log)
   controllerPeakRssMiB, controllerCpuSeconds   from /proc, across chaos restarts
+  controllerPeakRssAnonMiB,   the highest resident set sampled (every 50 ms), split into
+  controllerPeakRssFileMiB    anonymous pages (heap, stacks) and file-backed ones (the
+                              binary's and libraries' pages the controller touched)
   measuredCpuSeconds          CPU time over the measured part of kube-apiserver, etcd, the
                               controller and the harness (this process: simulation, simulated
                               hosts, watches), from /proc
