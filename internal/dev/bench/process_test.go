@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 )
 
 func TestParseResident(t *testing.T) {
@@ -44,7 +43,7 @@ func TestTheResidentSetIsSampledByKind(t *testing.T) {
 	go p.sampleResident(cmd.Process.Pid, exited)
 	statusPath := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/status"
 	var sampled, now residentSet
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(residentSampleInterval) {
+	eventually(t, "the sampled resident set is the sleeping process's", func() bool {
 		status, err := os.ReadFile(statusPath)
 		if err != nil {
 			t.Fatal(err)
@@ -54,15 +53,10 @@ func TestTheResidentSetIsSampledByKind(t *testing.T) {
 			t.Fatalf("no resident set in the status of the sleeping process:\n%s", status)
 		}
 		p.mu.Lock()
+		defer p.mu.Unlock()
 		sampled = p.resident
-		p.mu.Unlock()
-		if sampled == now {
-			break
-		}
-	}
-	if sampled != now {
-		t.Fatalf("sampled %+v KiB; the process holds %+v", sampled, now)
-	}
+		return sampled == now
+	})
 	if sampled.anon == 0 || sampled.file == 0 || sampled.anon+sampled.file > sampled.total {
 		t.Errorf("sampled %+v KiB: want anonymous and file-backed pages, adding up to at most the whole", sampled)
 	}
@@ -75,10 +69,8 @@ func TestTheControllersUsageCarriesTheSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.stop()
-	u := p.usage()
-	for deadline := time.Now().Add(10 * time.Second); u.peakFileMiB == 0 && time.Now().Before(deadline); u = p.usage() {
-		time.Sleep(residentSampleInterval)
-	}
+	var u usage
+	eventually(t, "a sample of the controller's resident set", func() bool { u = p.usage(); return u.peakFileMiB > 0 })
 	if u.peakAnonMiB == 0 || u.peakFileMiB == 0 || u.peakAnonMiB+u.peakFileMiB > u.peakRSSMiB {
 		t.Errorf("usage: peak %.3f MiB, of it anonymous %.3f and file-backed %.3f: want both, within the peak",
 			u.peakRSSMiB, u.peakAnonMiB, u.peakFileMiB)
