@@ -75,7 +75,7 @@ type Provider struct {
 	// keyDigest is the digest of the key svc authenticates with; a changed Secret makes a new
 	// svc, so a rotated key takes effect at the next call and IAM tokens are reused between calls.
 	keyDigest [sha256.Size]byte
-	svc       *vpcv1.VpcV1
+	svc       *operations
 	// net is the VPC, subnet, key and zone the names in the config resolved to, once found:
 	// they stay while the settings do (a new provider comes with new settings). A launch the
 	// cloud refuses as misconfigured forgets them, in case they were deleted and made anew.
@@ -363,7 +363,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 
 // remove deletes an instance's floating IPs, then the instance; what is gone already counts
 // as deleted.
-func (p *Provider) remove(ctx context.Context, svc *vpcv1.VpcV1, op string, inst *vpcv1.Instance) error {
+func (p *Provider) remove(ctx context.Context, svc *operations, op string, inst *vpcv1.Instance) error {
 	if nic := nicID(inst); nic != "" {
 		fips, err := p.floatingIPs(ctx, svc, op, nic)
 		if err != nil {
@@ -394,7 +394,7 @@ type network struct {
 }
 
 // network returns what the config's names resolved to, resolving them at the first call.
-func (p *Provider) network(ctx context.Context, svc *vpcv1.VpcV1, op string) (network, error) {
+func (p *Provider) network(ctx context.Context, svc *operations, op string) (network, error) {
 	p.mu.Lock()
 	known := p.net
 	p.mu.Unlock()
@@ -419,7 +419,7 @@ func (p *Provider) forgetNetwork() {
 
 // resolve finds the VPC, the subnet and the SSH key the config names (by name, as real
 // configs do, or by id) and the zone to launch in.
-func (p *Provider) resolve(ctx context.Context, svc *vpcv1.VpcV1, op string) (network, error) {
+func (p *Provider) resolve(ctx context.Context, svc *operations, op string) (network, error) {
 	vpc, err := p.resolveVPC(ctx, svc, op)
 	if err != nil {
 		return network{}, err
@@ -481,7 +481,7 @@ func (p *Provider) resolve(ctx context.Context, svc *vpcv1.VpcV1, op string) (ne
 	return n, nil
 }
 
-func (p *Provider) resolveVPC(ctx context.Context, svc *vpcv1.VpcV1, op string) (*vpcv1.VPC, error) {
+func (p *Provider) resolveVPC(ctx context.Context, svc *operations, op string) (*vpcv1.VPC, error) {
 	var found *vpcv1.VPC
 	err := eachPage(func(start *string) (*string, error) {
 		page, resp, err := svc.ListVpcsWithContext(ctx, &vpcv1.ListVpcsOptions{Start: start})
@@ -505,7 +505,7 @@ func (p *Provider) resolveVPC(ctx context.Context, svc *vpcv1.VpcV1, op string) 
 	return found, nil
 }
 
-func (p *Provider) findByName(ctx context.Context, svc *vpcv1.VpcV1, op, vpcID, name string) (*vpcv1.Instance, error) {
+func (p *Provider) findByName(ctx context.Context, svc *operations, op, vpcID, name string) (*vpcv1.Instance, error) {
 	page, resp, err := svc.ListInstancesWithContext(ctx, &vpcv1.ListInstancesOptions{VPCID: &vpcID, Name: &name})
 	if err != nil {
 		return nil, p.failure(op, resp, err)
@@ -516,7 +516,7 @@ func (p *Provider) findByName(ctx context.Context, svc *vpcv1.VpcV1, op, vpcID, 
 	return &page.Instances[0], nil
 }
 
-func (p *Provider) create(ctx context.Context, svc *vpcv1.VpcV1, n network, name string) (*vpcv1.Instance, error) {
+func (p *Provider) create(ctx context.Context, svc *operations, n network, name string) (*vpcv1.Instance, error) {
 	const op = "launch"
 	deleteVolume := true
 	proto := &vpcv1.InstancePrototypeInstanceByImage{
@@ -572,7 +572,7 @@ func (p *Provider) create(ctx context.Context, svc *vpcv1.VpcV1, n network, name
 
 // ensureFloatingIP gives the instance's primary network interface a floating IP named like
 // the instance, unless it has one, and returns its address.
-func (p *Provider) ensureFloatingIP(ctx context.Context, svc *vpcv1.VpcV1, inst *vpcv1.Instance) (string, error) {
+func (p *Provider) ensureFloatingIP(ctx context.Context, svc *operations, inst *vpcv1.Instance) (string, error) {
 	const op = "launch"
 	nic := nicID(inst)
 	if nic == "" {
@@ -619,7 +619,7 @@ func (p *Provider) ensureFloatingIP(ctx context.Context, svc *vpcv1.VpcV1, inst 
 }
 
 // floatingIPs lists the floating IPs bound to a network interface, or all when nic is "".
-func (p *Provider) floatingIPs(ctx context.Context, svc *vpcv1.VpcV1, op, nic string) ([]vpcv1.FloatingIP, error) {
+func (p *Provider) floatingIPs(ctx context.Context, svc *operations, op, nic string) ([]vpcv1.FloatingIP, error) {
 	var out []vpcv1.FloatingIP
 	err := eachPage(func(start *string) (*string, error) {
 		opts := &vpcv1.ListFloatingIpsOptions{Start: start}
@@ -832,7 +832,7 @@ func kindOf(pr apiProblem) cloud.Kind {
 
 // service returns the SDK client for the API key now in the Secret, building a new one when
 // the key changed.
-func (p *Provider) service(ctx context.Context, op string) (*vpcv1.VpcV1, error) {
+func (p *Provider) service(ctx context.Context, op string) (*operations, error) {
 	key, err := ibmiam.Read(ctx, p.readSecret, op, p.secretName, p.iamURL)
 	if err != nil {
 		return nil, err
@@ -859,6 +859,38 @@ func (p *Provider) service(ctx context.Context, op string) (*vpcv1.VpcV1, error)
 		return core.IBMCloudSDKRetryPolicy(ctx, resp, err)
 	}
 	svc.Service.SetHTTPClient(retrying.StandardClient())
-	p.keyDigest, p.svc = key.Digest, svc
-	return svc, nil
+	p.keyDigest, p.svc = key.Digest, operationsOf(svc)
+	return p.svc, nil
+}
+
+// operations are the VPC calls berth makes, as method values of the SDK's client; the
+// provider holds these and never the client, so that the binary keeps only these of its
+// nearly 1,900 operations (see the same type in package awsec2 for why a client held as
+// itself keeps them all).
+type operations struct {
+	ListVpcsWithContext         func(context.Context, *vpcv1.ListVpcsOptions) (*vpcv1.VPCCollection, *core.DetailedResponse, error)
+	ListSubnetsWithContext      func(context.Context, *vpcv1.ListSubnetsOptions) (*vpcv1.SubnetCollection, *core.DetailedResponse, error)
+	ListKeysWithContext         func(context.Context, *vpcv1.ListKeysOptions) (*vpcv1.KeyCollection, *core.DetailedResponse, error)
+	ListInstancesWithContext    func(context.Context, *vpcv1.ListInstancesOptions) (*vpcv1.InstanceCollection, *core.DetailedResponse, error)
+	GetInstanceWithContext      func(context.Context, *vpcv1.GetInstanceOptions) (*vpcv1.Instance, *core.DetailedResponse, error)
+	CreateInstanceWithContext   func(context.Context, *vpcv1.CreateInstanceOptions) (*vpcv1.Instance, *core.DetailedResponse, error)
+	DeleteInstanceWithContext   func(context.Context, *vpcv1.DeleteInstanceOptions) (*core.DetailedResponse, error)
+	ListFloatingIpsWithContext  func(context.Context, *vpcv1.ListFloatingIpsOptions) (*vpcv1.FloatingIPCollection, *core.DetailedResponse, error)
+	CreateFloatingIPWithContext func(context.Context, *vpcv1.CreateFloatingIPOptions) (*vpcv1.FloatingIP, *core.DetailedResponse, error)
+	DeleteFloatingIPWithContext func(context.Context, *vpcv1.DeleteFloatingIPOptions) (*core.DetailedResponse, error)
+}
+
+func operationsOf(v *vpcv1.VpcV1) *operations {
+	return &operations{
+		ListVpcsWithContext:         v.ListVpcsWithContext,
+		ListSubnetsWithContext:      v.ListSubnetsWithContext,
+		ListKeysWithContext:         v.ListKeysWithContext,
+		ListInstancesWithContext:    v.ListInstancesWithContext,
+		GetInstanceWithContext:      v.GetInstanceWithContext,
+		CreateInstanceWithContext:   v.CreateInstanceWithContext,
+		DeleteInstanceWithContext:   v.DeleteInstanceWithContext,
+		ListFloatingIpsWithContext:  v.ListFloatingIpsWithContext,
+		CreateFloatingIPWithContext: v.CreateFloatingIPWithContext,
+		DeleteFloatingIPWithContext: v.DeleteFloatingIPWithContext,
+	}
 }
