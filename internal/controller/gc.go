@@ -14,11 +14,11 @@ import (
 
 // A controller's heap is what is live (its caches, cut down by their transforms) plus the
 // headroom Go lets garbage take before a collection: GOGC percent of what is live, 100 unless
-// set. berth runs with less headroom by default (Options.GCPercent), and collects once when
-// its TaskRun informer has synced: the sync receives every TaskRun of the cluster, each decoded
-// whole and cut down at once, and what it leaves behind would otherwise set the size of the
-// heap's next growth. An operator who sets GOGC has chosen: berth leaves the percent alone.
-// (docs/memory.md has the measurements.)
+// set. berth sets the percent it is given (Options.GCPercent: Go's 100 unless the operator
+// asks for less headroom), and collects once when its TaskRun informer has synced: the sync
+// receives every TaskRun of the cluster, each decoded whole and cut down at once, and what it
+// leaves behind would otherwise set the size of the heap's next growth. An operator who sets
+// GOGC has chosen: berth leaves the percent alone. (docs/memory.md has the measurements.)
 
 // useGCPercent sets the GC percent for the process and, on the leader, collects once the
 // TaskRuns have synced. percent ≤ 0, or GOGC in the environment, leaves the runtime's percent
