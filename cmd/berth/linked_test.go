@@ -39,7 +39,7 @@ func TestTheBinaryLinksOnlyTheCloudCallsBerthMakes(t *testing.T) {
 		for _, s := range symbols {
 			method, ok := strings.CutPrefix(s.Name, receiver)
 			// Exported methods only, without the wrappers of method values (-fm).
-			if ok && unicode.IsUpper(rune(method[0])) && !strings.Contains(method, "-") {
+			if ok && method != "" && unicode.IsUpper(rune(method[0])) && !strings.Contains(method, "-") {
 				linked = append(linked, method)
 			}
 		}

@@ -830,8 +830,8 @@ func kindOf(pr apiProblem) cloud.Kind {
 
 // --- Credentials ---
 
-// service returns the SDK client for the API key now in the Secret, building a new one when
-// the key changed.
+// service returns the calls of the SDK client for the API key now in the Secret, building a
+// new client when the key changed.
 func (p *Provider) service(ctx context.Context, op string) (*operations, error) {
 	key, err := ibmiam.Read(ctx, p.readSecret, op, p.secretName, p.iamURL)
 	if err != nil {
