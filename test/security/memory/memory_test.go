@@ -1,6 +1,7 @@
 package memory_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -148,7 +149,8 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 		t.Logf("%s: live heap %s (%+d bytes); kept of the tenant's objects %+d bytes, %.0f bytes per object; wire buffers %s (%s before); peak RSS %.0f MiB of the shipped limit %d MiB",
 			when, kib(now.total), now.total-before.total, kept, float64(kept)/float64(objects), kib(now.wire), kib(before.wire), rss, limitMiB)
 		if kept > objects*heapPerObject {
-			t.Errorf("%s: berth keeps %s more for %d tenant objects: more than %d bytes each", when, kib(kept), objects, heapPerObject)
+			t.Errorf("%s: berth keeps %s more for %d tenant objects: more than %d bytes each; what grew most, by the function that allocated it:\n%s",
+				when, kib(kept), objects, heapPerObject, grown(before, now, 15))
 		}
 		if rss >= float64(limitMiB) {
 			t.Errorf("%s: peak RSS %.0f MiB reached the shipped memory limit of %d MiB", when, rss, limitMiB)
@@ -377,8 +379,12 @@ func waitPprof(t *testing.T, addr string) {
 }
 
 // heap is the controller's live heap after a GC, split into what it keeps and its watches'
-// wire buffers.
-type heap struct{ total, wire, kept int64 }
+// wire buffers, with the kept part's bytes by the function that allocated them (the heap
+// profile's leaf frames), for grown.
+type heap struct {
+	total, wire, kept int64
+	keptBy            map[string]int64
+}
 
 // wireFrames are the functions whose allocations are a watch's wire buffers: an HTTP/2
 // stream's data received and not yet read, the JSON framer's read buffer, the streaming
@@ -419,13 +425,39 @@ func splitHeap(t *testing.T, addr string) heap {
 	if inuse < 0 {
 		t.Fatal("the heap profile has no inuse_space")
 	}
-	var wire int64
+	h := heap{total: total, keptBy: map[string]int64{}}
 	for _, s := range p.Sample {
 		if onWire(s) {
-			wire += s.Value[inuse]
+			h.wire += s.Value[inuse]
+			continue
+		}
+		if len(s.Location) > 0 && len(s.Location[0].Line) > 0 && s.Location[0].Line[0].Function != nil {
+			h.keptBy[s.Location[0].Line[0].Function.Name] += s.Value[inuse]
 		}
 	}
-	return heap{total: total, wire: wire, kept: total - wire}
+	h.kept = total - h.wire
+	return h
+}
+
+// grown is the n functions whose allocations the controller keeps grew most from before to
+// now, a line each with the growth, largest first: what a failed check looks at first.
+func grown(before, now heap, n int) string {
+	type site struct {
+		function string
+		bytes    int64
+	}
+	var sites []site
+	for f, b := range now.keptBy {
+		if d := b - before.keptBy[f]; d > 0 {
+			sites = append(sites, site{f, d})
+		}
+	}
+	slices.SortFunc(sites, func(a, b site) int { return cmp.Compare(b.bytes, a.bytes) })
+	var out strings.Builder
+	for _, s := range sites[:min(n, len(sites))] {
+		fmt.Fprintf(&out, "  %8s  %s\n", kib(s.bytes), s.function)
+	}
+	return out.String()
 }
 
 func onWire(s *profile.Sample) bool {
