@@ -245,7 +245,10 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		return nil, err
 	}
 	store := hostconfig.NewStore()
-	recorder := mgr.GetEventRecorder("berth")
+	recorder, err := newEventRecorder(mgr, "berth")
+	if err != nil {
+		return nil, err
+	}
 	watcher := &hostconfig.Watcher{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Store: store, Recorder: recorder}
 	if err := watcher.SetupWithManager(mgr); err != nil {
 		return nil, err
