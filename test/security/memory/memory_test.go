@@ -52,9 +52,10 @@ const (
 // label, TaskRuns of a platform it serves with 1 MiB of params and 256 KiB of annotations,
 // and berth's own task secrets blown up to 1 MiB by the tenant. The controller runs as the
 // real binary in a child process. What it keeps of them, its live heap (heap?gc=1, from the
-// heap profile) less its watches' wire buffers (see splitHeap), may grow by at most heapPerObject per object; its peak
-// RSS must stay under the memory limit the shipped Deployment sets, also when it starts again
-// with all of it there; and it must still serve tasks.
+// heap profile) less its watches' wire buffers (see splitHeap), may grow by at most
+// heapPerObject per object; its peak RSS must stay under the memory limit the shipped
+// Deployment sets, also when it starts again with all of it there; and it must still serve
+// tasks.
 func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 	limitMiB := shippedMemoryLimitMiB(t)
 	bin := buildBerth(t)
