@@ -1,11 +1,6 @@
 package bench
 
-import (
-	"context"
-	"fmt"
-	"strconv"
-	"strings"
-)
+import "context"
 
 // Child is a berth controller run as a child process the way the bench runs it (see
 // startController), for tests that measure what the real binary uses rather than a controller
@@ -33,34 +28,6 @@ func (c *Child) Died() (string, bool) { return c.p.died() }
 
 // Stop ends the process with SIGTERM (SIGKILL after 15 seconds).
 func (c *Child) Stop() { c.p.stop() }
-
-// LiveHeapBytes is the live heap of the controller serving net/http/pprof at address: the
-// heap profile's endpoint runs a GC first (heap?gc=1, as the bench keeps it), and its text form
-// (debug=1) ends with the runtime's MemStats read after that GC, whose HeapAlloc is every
-// live byte. It is read twice: what sync.Pools hold (buffers of the HTTP/2 transport, say)
-// outlives one GC in their victim cache and is gone after the second. The profile's own
-// inuse_space is a sample (one per 512 KiB allocated, by default) scaled up, which misses or
-// overcounts by megabytes on a heap of a few.
-func LiveHeapBytes(ctx context.Context, address string) (int64, error) {
-	p := &Pprof{Address: address}
-	if _, err := p.fetch(ctx, "/debug/pprof/heap?gc=1"); err != nil {
-		return 0, err
-	}
-	data, err := p.fetch(ctx, "/debug/pprof/heap?gc=1&debug=1")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("the heap profile of %s: HeapAlloc: %w", address, err)
-			}
-			return n, nil
-		}
-	}
-	return 0, fmt.Errorf("the heap profile of %s has no HeapAlloc", address)
-}
 
 // GoroutineStacks is the stack of each goroutine of the controller serving net/http/pprof at
 // address, now (goroutine?debug=2).

@@ -407,7 +407,7 @@ func startChild(t *testing.T, bin string) (*bench.Child, string) {
 func waitPprof(t *testing.T, addr string) {
 	t.Helper()
 	eventually(t, "the controller serves pprof at "+addr, func() (bool, error) {
-		_, err := bench.LiveHeapBytes(context.Background(), addr)
+		_, err := bench.GoroutineStacks(context.Background(), addr)
 		return err == nil, nil
 	})
 }
