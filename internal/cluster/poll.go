@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"github.com/berth-ci/berth/internal/retryable"
 )
 
 // Polling is how long a step waits for a service and how often it looks.
@@ -51,7 +49,7 @@ func poll(ctx context.Context, p Polling, progress io.Writer, cond func(context.
 			if end := over(ctx); end != nil {
 				return end // the look failed because the wait is over: say so, not what failed
 			}
-			if !transient(err) {
+			if !retryable.Error(err) {
 				return err
 			}
 			if err.Error() != lastRetried {
@@ -79,15 +77,6 @@ func over(ctx context.Context) error {
 		return context.DeadlineExceeded
 	}
 	return nil
-}
-
-func transient(err error) bool {
-	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
-		apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err) ||
-		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
-		// client-go's rate limiter refuses a request it could not send before the deadline;
-		// the wait then ends as a timeout (see over), not as this error.
-		strings.Contains(err.Error(), "client rate limiter")
 }
 
 func isTimeout(err error) bool { return errors.Is(err, context.DeadlineExceeded) }

@@ -7,13 +7,14 @@ import (
 
 	"github.com/go-logr/logr"
 	eventsv1 "k8s.io/api/events/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/berth-ci/berth/internal/retryable"
 )
 
 // berth's Events are made by client-go's events recorder and queued by its broadcaster, but
@@ -92,15 +93,10 @@ func (w *eventWriter) write(ctx context.Context, e *eventsv1.Event) {
 	}
 }
 
-// transient tells an error the apiserver may not give on the next try: one it answered with
-// a timeout, a throttle or its own failure, or no answer at all.
+// transient tells an error the next try may not meet: one retryable, or the attempt's own
+// deadline passing (eventAttempt) while berth still runs.
 func transient(err error) bool {
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		return !errors.Is(err, context.Canceled)
-	}
-	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
-		apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err)
+	return retryable.Error(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // eventsUntilStop stops the writer and the broadcaster when the manager stops.

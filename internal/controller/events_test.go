@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,7 +147,7 @@ func TestAnEventTheApiserverCannotTakeForNowIsTriedAgain(t *testing.T) {
 // one is written.
 func TestAnEventGivenUpLeavesTheQueueToTheNext(t *testing.T) {
 	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "", errors.New("namespace is being terminated"))
-	down := errors.New("connection refused")
+	down := fmt.Errorf("dial tcp 127.0.0.1:6443: connect: %w", syscall.ECONNREFUSED)
 	for _, c := range []struct {
 		name    string
 		answers []error

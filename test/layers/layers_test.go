@@ -33,7 +33,7 @@ var layers = []layer{
 	{name: "domain", units: []unit{
 		"internal/allocation/...", "internal/config/...", "internal/contract/...", "internal/cloud",
 		"internal/fleet/...", "internal/localaffinity/...", "internal/otp", "internal/remote/...",
-		"internal/warning/...", "internal/cluster/...", "internal/tasksecret/...",
+		"internal/warning/...", "internal/cluster/...", "internal/tasksecret/...", "internal/retryable/...",
 	}},
 	{name: "adapters", units: []unit{
 		"api/...", "internal/kubescheme/...", "internal/cloud/awsec2/...", "internal/cloud/ibmp/...",

@@ -98,7 +98,7 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 	before := splitHeap(t, pprofAddr)
 	phase(fmt.Sprintf("before the flood: live heap %s (%s of it wire buffers), peak RSS %.0f MiB",
 		kib(before.total), kib(before.wire), child.PeakRSSMiB()))
-	saveHeap(t, pprofAddr, "before")
+	saveHeap(t, before, "before")
 	for _, tr := range held {
 		inflate(t, flood, contract.SecretPrefix+tr.Name)
 	}
@@ -140,13 +140,14 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 	// What the tenant added since the heap was measured: the flood, and the answered tasks
 	// with their secrets (the held tasks' secrets it only blew up).
 	objects := int64(floodSecrets + floodTaskRuns + 2*answeredTasks)
-	check := func(when string) {
+	check := func(when, profileName string) {
 		t.Helper()
 		if how, dead := child.Died(); dead {
 			t.Fatalf("%s: the controller died: %s", when, how)
 		}
 		quiet(t, pprofAddr)
 		now, rss := splitHeap(t, pprofAddr), child.PeakRSSMiB()
+		saveHeap(t, now, profileName)
 		kept := now.kept - before.kept
 		t.Logf("%s: live heap %s (%+d bytes); kept of the tenant's objects %+d bytes, %.0f bytes per object; wire buffers %s (%s before); peak RSS %.0f MiB of the shipped limit %d MiB",
 			when, kib(now.total), now.total-before.total, kept, float64(kept)/float64(objects), kib(now.wire), kib(before.wire), rss, limitMiB)
@@ -158,8 +159,7 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 			t.Errorf("%s: peak RSS %.0f MiB reached the shipped memory limit of %d MiB", when, rss, limitMiB)
 		}
 	}
-	check("with the flood in place")
-	saveHeap(t, pprofAddr, "flood")
+	check("with the flood in place", "flood")
 	serves(t, other, "after-flood")
 	phase("served another tenant with the flood in place")
 
@@ -170,8 +170,7 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 	waitPprof(t, pprofAddr)
 	serves(t, other, "after-restart")
 	phase("served another tenant after a restart")
-	check("after a restart with the flood in place")
-	saveHeap(t, pprofAddr, "restart")
+	check("after a restart with the flood in place", "restart")
 }
 
 // prime is the tenant writing n labelled Secrets of 1 MiB and n TaskRuns with 1 MiB of params
@@ -256,20 +255,15 @@ func quiet(t *testing.T, addr string) {
 	})
 }
 
-// saveHeap keeps the controller's heap profile as <name>.pb.gz in BERTH_MEMORY_PROFILES, when
-// that names a directory, to be read with go tool pprof (-base for what grew).
-func saveHeap(t *testing.T, addr, name string) {
+// saveHeap keeps the heap profile h was read from as <name>.pb.gz in BERTH_MEMORY_PROFILES,
+// when that names a directory, to be read with go tool pprof (-base for what grew).
+func saveHeap(t *testing.T, h heap, name string) {
 	t.Helper()
 	dir := os.Getenv("BERTH_MEMORY_PROFILES")
 	if dir == "" {
 		return
 	}
-	data, err := bench.HeapProfile(context.Background(), addr)
-	if err != nil {
-		t.Errorf("the heap profile: %v", err)
-		return
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), data, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), h.profile, 0o644); err != nil {
 		t.Error(err)
 	}
 }
@@ -418,6 +412,7 @@ func waitPprof(t *testing.T, addr string) {
 type heap struct {
 	total, wire, kept int64
 	keptBy            map[string]int64
+	profile           []byte // as read (gzipped protobuf), for saveHeap
 }
 
 // wireFrames are the functions whose allocations are a watch's wire buffers: an HTTP/2
@@ -465,7 +460,7 @@ func splitHeap(t *testing.T, addr string) heap {
 	if inuse < 0 {
 		t.Fatal("the heap profile has no inuse_space")
 	}
-	h := heap{keptBy: map[string]int64{}}
+	h := heap{keptBy: map[string]int64{}, profile: data}
 	for _, s := range p.Sample {
 		h.total += s.Value[inuse]
 		if onWire(s) {
