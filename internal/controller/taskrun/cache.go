@@ -162,10 +162,11 @@ func keepKeys(m map[string]string, keys []string) map[string]string {
 var platformTooLong = fmt.Sprintf("<PLATFORM longer than %d characters>", validation.LabelValueMaxLength)
 
 // stripTaskRun keeps what berth reads of a user TaskRun, bounded whatever the TaskRun's size:
-// its name, UID and times, the labels and annotations berth reads, its finalizers (patches
-// test them whole), PLATFORM among its params, spec.status, the required node affinity of its
-// pod template (see serveLocally), the first secret volume of its resolved spec that names a
-// task secret, and its Succeeded condition without its message.
+// its name, UID and times, the labels and annotations berth reads, its finalizers while they are
+// few (keptFinalizers), PLATFORM among its params, spec.status, the verdict of the local-affinity
+// check on its pod template (keptAffinity), the first secret volume of its resolved spec that
+// names a task secret, and its Succeeded condition without its message. A TaskRun berth does not
+// serve keeps its name, times, the labels and annotations berth reads and the same finalizers.
 func stripTaskRun(obj any) (any, error) {
 	tr, ok := obj.(*pipelinev1.TaskRun)
 	if !ok {
@@ -174,7 +175,7 @@ func stripTaskRun(obj any) (any, error) {
 	kept := &pipelinev1.TaskRun{TypeMeta: tr.TypeMeta, ObjectMeta: metav1.ObjectMeta{
 		Name: tr.Name, Namespace: tr.Namespace, UID: tr.UID, ResourceVersion: tr.ResourceVersion,
 		Generation: tr.Generation, CreationTimestamp: tr.CreationTimestamp, DeletionTimestamp: tr.DeletionTimestamp,
-		Finalizers: tr.Finalizers,
+		Finalizers: keptFinalizers(tr.Finalizers),
 		Labels:     keepKeys(tr.Labels, taskRunLabelsRead), Annotations: keepKeys(tr.Annotations, taskRunAnnotationsRead),
 	}}
 	if p := contract.Platform(tr); p != "" {
@@ -187,7 +188,7 @@ func stripTaskRun(obj any) (any, error) {
 		return kept, nil
 	}
 	kept.Spec.Status = tr.Spec.Status
-	kept.Spec.PodTemplate = requiredNodeAffinity(tr)
+	kept.Spec.PodTemplate = keptAffinity(tr, contract.Platform(kept))
 	s := &kept.Status
 	s.StartTime, s.CompletionTime, s.PodName = tr.Status.StartTime, tr.Status.CompletionTime, tr.Status.PodName
 	if attempt := contract.Attempt(tr); attempt > 1 {
@@ -227,13 +228,43 @@ func attemptOf(tr *pipelinev1.TaskRun) int {
 	return 1
 }
 
-// requiredNodeAffinity is the TaskRun's pod template cut down to its required node affinity.
-func requiredNodeAffinity(tr *pipelinev1.TaskRun) *pod.Template {
-	na := localaffinity.Of(tr)
-	if na == nil || na.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+// keptAffinity stands for the TaskRun's pod template in the cache: the one thing berth reads of it
+// is whether its required node affinity pins the pod to the nodes of platform (serveLocally),
+// and a tenant may make that affinity as large as the TaskRun. When it does pin them, the
+// smallest affinity that does (the webhook's own requirements) is kept; otherwise none.
+func keptAffinity(tr *pipelinev1.TaskRun, platform string) *pod.Template {
+	node, ok := localaffinity.NodeOf(platform)
+	if !ok || !localaffinity.Enforced(localaffinity.Of(tr), node) {
 		return nil
 	}
-	return &pod.Template{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-		RequiredDuringSchedulingIgnoredDuringExecution: na.RequiredDuringSchedulingIgnoredDuringExecution,
-	}}}
+	return &pod.Template{Affinity: &corev1.Affinity{NodeAffinity: localaffinity.Require(nil, node)}}
+}
+
+// finalizersCut stands in the cache for finalizers of others too long to keep (keptFinalizers).
+// A finalizer is a qualified name, which has no angle brackets, so no TaskRun has this one.
+const finalizersCut = "<finalizers of others>"
+
+// keptFinalizerBytes bounds the finalizers a cached TaskRun keeps as they are. The apiserver
+// bounds neither how many a TaskRun has nor their sum, only each name (317 characters), so a
+// tenant can give each of its TaskRuns a megabyte of them. This is a choice of what to keep, not
+// a limit on the TaskRun: room for what real TaskRuns carry (berth's own, Tekton Chains' and
+// Results', under 100 bytes in all) several times over. Past it the cache keeps berth's own
+// finalizer, if there, and finalizersCut, and a write that adds or removes berth's reads the
+// list anew (taskMirror.write): twice in a task's life at most.
+const keptFinalizerBytes = 512
+
+// keptFinalizers is what the cache keeps of a TaskRun's finalizers: all of them while they are
+// short, else whether berth's is among them and that others were cut.
+func keptFinalizers(finalizers []string) []string {
+	size := 0
+	for _, f := range finalizers {
+		size += len(f)
+	}
+	if size <= keptFinalizerBytes {
+		return finalizers
+	}
+	if slices.Contains(finalizers, contract.Finalizer) {
+		return []string{contract.Finalizer, finalizersCut}
+	}
+	return []string{finalizersCut}
 }

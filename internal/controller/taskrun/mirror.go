@@ -52,6 +52,7 @@ type mirrorState struct {
 // its place in line without rewriting it at every hand-over.
 type taskMirror struct {
 	client           client.Client
+	apiReader        client.Reader // the finalizers the cache cut (keptFinalizers)
 	capacity         *capacity.Capacity
 	recorder         events.EventRecorder
 	now              func() time.Time
@@ -87,7 +88,7 @@ type taskMirror struct {
 
 // newMirror is the mirror writer of the reconciler's client, ledger and intervals.
 func newMirror(r *Reconciler) *taskMirror {
-	return &taskMirror{client: r.Client, capacity: r.Capacity, recorder: r.Recorder, now: r.now,
+	return &taskMirror{client: r.Client, apiReader: r.APIReader, capacity: r.Capacity, recorder: r.Recorder, now: r.now,
 		revertInterval: r.MirrorRevertInterval, positionInterval: r.PositionInterval,
 		refreshes: make(chan event.GenericEvent, positionWritesPerInterval)}
 }
@@ -255,6 +256,9 @@ func (m *taskMirror) patch(ctx context.Context, tr *pipelinev1.TaskRun, state mi
 // write applies state to tr and patches what changed since before.
 func (m *taskMirror) write(ctx context.Context, tr, before *pipelinev1.TaskRun, state mirrorState) error {
 	state.apply(tr)
+	if err := m.uncutFinalizers(ctx, before, tr); err != nil {
+		return err
+	}
 	ops := metadataPatch(&before.ObjectMeta, &tr.ObjectMeta)
 	if len(ops) == 0 {
 		return nil
@@ -278,8 +282,34 @@ func (m *taskMirror) write(ctx context.Context, tr, before *pipelinev1.TaskRun, 
 	tr.ResourceVersion, tr.Generation, tr.DeletionTimestamp = answer.ResourceVersion, answer.Generation, answer.DeletionTimestamp
 	tr.Labels = keepKeys(answer.Labels, taskRunLabelsRead)
 	tr.Annotations = keepKeys(answer.Annotations, taskRunAnnotationsRead)
-	tr.Finalizers = answer.Finalizers
+	tr.Finalizers = keptFinalizers(answer.Finalizers)
 	m.notePatched(tr)
+	return nil
+}
+
+// uncutFinalizers puts the TaskRun's whole finalizer list, read past the cache, in before and
+// after when after changes berth's finalizer on a list the cache cut (keptFinalizers): the patch
+// tests and writes the list whole, which the cache does not hold. What is read is not kept.
+func (m *taskMirror) uncutFinalizers(ctx context.Context, before, after *pipelinev1.TaskRun) error {
+	if !slices.Contains(before.Finalizers, finalizersCut) || slices.Equal(before.Finalizers, after.Finalizers) {
+		return nil
+	}
+	ours := slices.Contains(after.Finalizers, contract.Finalizer)
+	live := &metav1.PartialObjectMetadata{}
+	live.SetGroupVersionKind(pipelinev1.SchemeGroupVersion.WithKind("TaskRun"))
+	if err := m.apiReader.Get(ctx, client.ObjectKeyFromObject(before), live); err != nil {
+		return err
+	}
+	if live.UID != before.UID {
+		return fmt.Errorf("%w: TaskRun %s/%s was replaced by another of the name", errStale, before.Namespace, before.Name)
+	}
+	before.Finalizers = live.Finalizers
+	after.Finalizers = slices.Clone(live.Finalizers)
+	if ours {
+		controllerutil.AddFinalizer(after, contract.Finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(after, contract.Finalizer)
+	}
 	return nil
 }
 

@@ -3,9 +3,11 @@ package taskrun
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +16,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/localaffinity"
 	"github.com/berth-ci/berth/internal/otp"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
@@ -149,5 +152,105 @@ func TestMapPatchAddsToACutDownMap(t *testing.T) {
 	ops = mapPatch("/metadata/labels", nil, map[string]string{"k": "v"})
 	if len(ops) != 2 || ops[0].Op != "test" || ops[1].Path != "/metadata/labels" {
 		t.Errorf("ops %+v: want a test that there are none and an add of the map", ops)
+	}
+}
+
+// tenantFinalizers are n finalizers of the longest name the apiserver takes (a DNS subdomain
+// prefix of 253 characters, a name of 63): 317 bytes each.
+func tenantFinalizers(n int) []string {
+	label := strings.Repeat("p", 63)
+	out := make([]string, n)
+	for i := range out {
+		first := fmt.Sprintf("f%d", i)
+		prefix := first + strings.Repeat("p", 63-len(first)) + "." + label + "." + label + "." + label[:61]
+		out[i] = prefix + "/" + strings.Repeat("n", 63)
+	}
+	return out
+}
+
+// bigAffinity is a required node affinity of about size bytes that pins nothing to a platform.
+func bigAffinity(size int) *pod.Template {
+	values := make([]string, size/64)
+	for i := range values {
+		values[i] = fmt.Sprintf("%063d", i)
+	}
+	return &pod.Template{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "tenant.example/zone", Operator: corev1.NodeSelectorOpIn, Values: values}},
+		}}},
+	}}}
+}
+
+// TestStripTaskRunKeepsNoTenantSizedFinalizersOrAffinity: a megabyte of finalizers, on a
+// TaskRun berth serves and on one it does not, and a megabyte of required node affinity are
+// cached in a couple of kilobytes; what berth reads of them is kept: its own finalizer's
+// presence, and whether the affinity pins the pod to its platform's nodes.
+func TestStripTaskRunKeepsNoTenantSizedFinalizersOrAffinity(t *testing.T) {
+	many := tenantFinalizers((1 << 20) / 317)
+	strip := func(tr *pipelinev1.TaskRun) *pipelinev1.TaskRun {
+		t.Helper()
+		out, err := stripTaskRun(tr.DeepCopy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := out.(*pipelinev1.TaskRun)
+		if n := cachedSize(t, c); n > 2048 {
+			t.Errorf("%s: a TaskRun of a megabyte is cached in %d bytes", tr.Name, n)
+		}
+		return c
+	}
+
+	served := userTaskRun("served", s390x)
+	served.Finalizers = append(slices.Clone(many[:len(many)/2]), append([]string{contract.Finalizer}, many[len(many)/2:]...)...)
+	if c := strip(served); !slices.Contains(c.Finalizers, contract.Finalizer) || !slices.Contains(c.Finalizers, finalizersCut) {
+		t.Errorf("served: cached finalizers %v, want berth's and the mark that others were cut", c.Finalizers)
+	}
+	unrelated := &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Name: "unrelated", Namespace: tenantNS, Finalizers: many}}
+	if c := strip(unrelated); !slices.Equal(c.Finalizers, []string{finalizersCut}) {
+		t.Errorf("unrelated: cached finalizers %v, want only the mark that others were cut", c.Finalizers)
+	}
+	few := userTaskRun("few", s390x)
+	few.Finalizers = []string{"chains.tekton.dev", contract.Finalizer}
+	if c := strip(few); !slices.Equal(c.Finalizers, few.Finalizers) {
+		t.Errorf("few: cached finalizers %v, want them as they are %v", c.Finalizers, few.Finalizers)
+	}
+
+	node, _ := localaffinity.NodeOf(amd64)
+	pinned := userTaskRun("pinned", amd64)
+	pinned.Spec.PodTemplate = bigAffinity(1 << 20)
+	pinned.Spec.PodTemplate.Affinity.NodeAffinity = localaffinity.Require(pinned.Spec.PodTemplate.Affinity.NodeAffinity, node)
+	if c := strip(pinned); !localaffinity.Enforced(localaffinity.Of(c), node) {
+		t.Error("pinned: the cached TaskRun no longer shows its pod pinned to linux/amd64 nodes")
+	}
+	loose := userTaskRun("loose", amd64)
+	loose.Spec.PodTemplate = bigAffinity(1 << 20)
+	if c := strip(loose); localaffinity.Enforced(localaffinity.Of(c), node) {
+		t.Error("loose: the cached TaskRun shows its pod pinned to linux/amd64 nodes, and it is not")
+	}
+	remote := userTaskRun("remote", s390x)
+	remote.Spec.PodTemplate = bigAffinity(1 << 20)
+	strip(remote)
+}
+
+// TestBerthsFinalizerComesAndGoesAmongAMegabyteOfOthers: the cache keeps only berth's
+// finalizer of a TaskRun whose tenant gave it a megabyte of them, and berth still adds its own
+// when the task gets a host and removes it when the task ends, leaving the tenant's in place
+// and in order.
+func TestBerthsFinalizerComesAndGoesAmongAMegabyteOfOthers(t *testing.T) {
+	h := newHarness(t, hostsConfig(1, "h1"), nil)
+	theirs := tenantFinalizers((1 << 20) / 317)
+	tr := userTaskRun("build", s390x)
+	tr.Finalizers = slices.Clone(theirs)
+	created := h.create(tr)
+	h.settle()
+	h.handedOver(created)
+	got := h.get("build")
+	if want := append(slices.Clone(theirs), contract.Finalizer); !slices.Equal(got.Finalizers, want) {
+		t.Fatalf("with a host: %d finalizers, berth's last: %v; want the tenant's %d and berth's after them", len(got.Finalizers), slices.Contains(got.Finalizers, contract.Finalizer), len(theirs))
+	}
+	h.finish("build")
+	h.settle()
+	if got := h.get("build"); !slices.Equal(got.Finalizers, theirs) {
+		t.Fatalf("ended: %d finalizers, berth's among them: %v; want the tenant's %d alone", len(got.Finalizers), slices.Contains(got.Finalizers, contract.Finalizer), len(theirs))
 	}
 }

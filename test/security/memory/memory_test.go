@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+	"github.com/tektoncd/pipeline/pkg/apis/pipeline/pod"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,15 +38,21 @@ import (
 //   - a TaskRun (a custom resource, stored as JSON) below etcd's request limit of 1.5 MiB
 //     (--max-request-bytes): 1 MiB of params and 256 KiB of annotations leave it ~200 KiB.
 const (
-	maxSecretData  = 1 << 20
-	paramBytes     = 1 << 20
-	floodSecrets   = 500
-	floodTaskRuns  = 500
-	answeredTasks  = 20 // error secrets of berth's, inflated by the tenant
-	heldTasks      = 2  // the flood's cap (max-tasks-per-namespace); the last slot serves others
-	heapPerObject  = 4 << 10
-	floodWorkers   = 4
-	tenantBlobName = "blob"
+	maxSecretData = 1 << 20
+	paramBytes    = 1 << 20
+	floodSecrets  = 500
+	floodTaskRuns = 500
+	answeredTasks = 20 // error secrets of berth's, inflated by the tenant
+	heldTasks     = 2  // the flood's cap (max-tasks-per-namespace); the last slot serves others
+	heapPerObject = 4 << 10
+	// TaskRuns of each kind whose megabyte is in metadata or spec berth reads part of:
+	// finalizers, and the required node affinity of the pod template (see primeMeta).
+	metaTaskRuns = 30
+	metaKinds    = 5
+	// The outside namespace's two kinds with PLATFORM, each answered with an error secret.
+	outsideAnswered = 2 * metaTaskRuns
+	floodWorkers    = 4
+	tenantBlobName  = "blob"
 )
 
 // TestTenantObjectsDoNotSizeControllerMemory floods a tenant namespace with the largest objects
@@ -59,16 +67,20 @@ const (
 func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 	limitMiB := shippedMemoryLimitMiB(t)
 	bin := buildBerth(t)
-	// One slot per host. The flood's namespace may hold heldTasks of them at once, so its
-	// TaskRuns all wait (none is ever provisioned) and the last slot shows berth serving
-	// another tenant meanwhile.
-	applyConfig(t, 1, map[string]string{"max-tasks-per-namespace": fmt.Sprint(heldTasks)})
 	began := time.Now()
 	phase := func(what string) {
 		t.Logf("%s (%s into the test)", what, time.Since(began).Round(time.Second))
 	}
 	flood := stacktest.NewTenant(t, stack, "flood")
 	other := stacktest.NewTenant(t, stack, "other")
+	// A namespace berth does not serve (allowed-namespaces): its TaskRuns get an error secret,
+	// and the cache still holds them.
+	outside := stacktest.NewTenant(t, stack, "outside")
+	// One slot per host. The flood's namespace may hold heldTasks of them at once, so its
+	// TaskRuns all wait (none is ever provisioned) and the last slot shows berth serving
+	// another tenant meanwhile.
+	applyConfig(t, 1, map[string]string{"max-tasks-per-namespace": fmt.Sprint(heldTasks),
+		"allowed-namespaces": regexp.QuoteMeta(flood.Namespace) + "," + regexp.QuoteMeta(other.Namespace)})
 	ctx := context.Background()
 
 	// The stack's in-process controller gives way to the real binary. Nothing is cleaned up
@@ -122,6 +134,9 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 	prime(t, flood, "big", floodSecrets)
 	t.Logf("the tenant wrote %d Secrets of 1 MiB and %d TaskRuns of 1.25 MiB in %s", floodSecrets, floodTaskRuns, time.Since(start).Round(time.Second))
 	start = time.Now()
+	primeMeta(t, flood, outside)
+	t.Logf("the tenants wrote %d TaskRuns with a megabyte of finalizers or of node affinity in %s", metaKinds*metaTaskRuns, time.Since(start).Round(time.Second))
+	start = time.Now()
 	// berth keeps no record of a task that never held a slot: the waiting label it writes
 	// on each (a patch answered with the TaskRun's metadata: taskMirror.write) shows it in line.
 	floodEventually(t, "berth has labelled every big TaskRun waiting", func() (bool, error) {
@@ -139,7 +154,13 @@ func TestTenantObjectsDoNotSizeControllerMemory(t *testing.T) {
 
 	// What the tenant added since the heap was measured: the flood, and the answered tasks
 	// with their secrets (the held tasks' secrets it only blew up).
-	objects := int64(floodSecrets + floodTaskRuns + 2*answeredTasks)
+	// berth answers the outside namespace's TaskRuns of its platform with an error secret each.
+	floodEventually(t, "berth has answered every TaskRun of the namespace it does not serve", func() (bool, error) {
+		var list corev1.SecretList
+		err := admin().List(ctx, &list, client.InNamespace(outside.Namespace))
+		return len(list.Items) >= outsideAnswered, err
+	})
+	objects := int64(floodSecrets + floodTaskRuns + 2*answeredTasks + metaKinds*metaTaskRuns + outsideAnswered)
 	check := func(when, profileName string) {
 		t.Helper()
 		if how, dead := child.Died(); dead {
@@ -192,6 +213,67 @@ func prime(t *testing.T, tn *stacktest.Tenant, prefix string, n int) {
 		tr.Spec.Params = append(tr.Spec.Params, pipelinev1.Param{Name: tenantBlobName, Value: *pipelinev1.NewStructuredValues(string(filler(paramBytes)))})
 		return tn.Client.Create(ctx, tr)
 	})
+}
+
+// primeMeta is the tenants writing TaskRuns whose megabyte is where berth reads a part: in the
+// flood's namespace, which berth serves, TaskRuns of its platform with a megabyte of finalizers
+// or of required node affinity, and TaskRuns without PLATFORM with a megabyte of finalizers;
+// in outside, which it does not serve, TaskRuns of its platform with either. metaTaskRuns of
+// each of the metaKinds.
+func primeMeta(t *testing.T, flood, outside *stacktest.Tenant) {
+	t.Helper()
+	ctx := context.Background()
+	finalizers := func(tr *pipelinev1.TaskRun) { tr.Finalizers = tenantFinalizers(paramBytes / 317) }
+	affinity := func(tr *pipelinev1.TaskRun) { tr.Spec.PodTemplate = bigAffinity(paramBytes) }
+	unrelated := func(tr *pipelinev1.TaskRun) {
+		tr.Spec.Params = nil
+		finalizers(tr)
+	}
+	kinds := []struct {
+		tn     *stacktest.Tenant
+		prefix string
+		shape  func(*pipelinev1.TaskRun)
+	}{
+		{flood, "fin", finalizers}, {flood, "aff", affinity}, {flood, "plain", unrelated},
+		{outside, "fin", finalizers}, {outside, "aff", affinity},
+	}
+	if len(kinds) != metaKinds {
+		t.Fatalf("%d kinds of TaskRun, metaKinds says %d", len(kinds), metaKinds)
+	}
+	for _, k := range kinds {
+		parallel(t, metaTaskRuns, func(i int) error {
+			tr := k.tn.TaskRun(fmt.Sprintf("%s-%d", k.prefix, i), platform)
+			k.shape(tr)
+			return k.tn.Client.Create(ctx, tr)
+		})
+	}
+}
+
+// tenantFinalizers are n distinct finalizers of the longest name the apiserver takes, a DNS
+// subdomain prefix of 253 characters and a name of 63: 317 bytes each. The apiserver bounds
+// each name, not how many there are.
+func tenantFinalizers(n int) []string {
+	label := strings.Repeat("p", 63)
+	out := make([]string, n)
+	for i := range out {
+		first := fmt.Sprintf("f%d", i)
+		out[i] = first + label[len(first):] + "." + label + "." + label + "." + label[:61] + "/" + strings.Repeat("n", 63)
+	}
+	return out
+}
+
+// bigAffinity is a required node affinity of about size bytes: one term whose values are
+// label values of 63 characters. It pins the pod to no platform's nodes.
+func bigAffinity(size int) *pod.Template {
+	values := make([]string, size/66)
+	for i := range values {
+		values[i] = fmt.Sprintf("%063d", i)
+	}
+	return &pod.Template{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "tenant.example/zone", Operator: corev1.NodeSelectorOpIn, Values: values}},
+		}}},
+	}}}
 }
 
 // busyFrames are the functions a goroutine of the controller is in while it works on
