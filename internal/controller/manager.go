@@ -328,7 +328,8 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 // setupOTP wires the one-time-password option. The sweeper runs whether or not the option is
 // on now: keys kept while it was on are deleted once they can no longer be redeemed.
 func setupOTP(mgr ctrl.Manager, uncached client.Client, reconciler *taskrun.Reconciler, o Options) error {
-	keys := &keyserver.Store{Client: uncached, Namespace: o.Namespace, TTL: o.OTP.KeyTTL}
+	keys := &keyserver.Store{Client: uncached, Namespace: o.Namespace, TTL: o.OTP.KeyTTL,
+		Attempts: taskrun.CachedAttempts{Cache: mgr.GetCache(), Namespace: o.Namespace}}
 	if err := mgr.Add(keyserver.Sweeper{Store: keys}); err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ import (
 
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
@@ -83,4 +85,35 @@ func (k *keyring) revoke(ctx context.Context, rec *berthv1.Allocation) error {
 		return nil
 	}
 	return k.otp.Keys.Revoke(ctx, rec.Name)
+}
+
+// CachedAttempts tells the key server which attempt a record's TaskRun is in from the manager's
+// cache (keyserver.Attempts), so that a replayed token of a retried task costs the apiserver
+// nothing. Tekton writes an attempt into the TaskRun's status before it makes the attempt's pod,
+// and the cache has it moments later. A replica that does not lead lists the records and
+// TaskRuns at its first redemption of a retried task's key; until it has, the apiserver is
+// asked.
+type CachedAttempts struct {
+	Cache     cache.Cache
+	Namespace string
+}
+
+// Attempt is the attempt the TaskRun of record is in, if the cache holds both.
+func (a CachedAttempts) Attempt(ctx context.Context, record string) (int, bool) {
+	for _, obj := range []client.Object{&berthv1.Allocation{}, &pipelinev1.TaskRun{}} {
+		informer, err := a.Cache.GetInformer(ctx, obj, cache.BlockUntilSynced(false))
+		if err != nil || !informer.HasSynced() {
+			return 0, false
+		}
+	}
+	var rec berthv1.Allocation
+	if err := a.Cache.Get(ctx, client.ObjectKey{Namespace: a.Namespace, Name: record}, &rec); err != nil {
+		return 0, false
+	}
+	ref := rec.Spec.TaskRun
+	var tr pipelinev1.TaskRun
+	if err := a.Cache.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &tr); err != nil || tr.UID != ref.UID {
+		return 0, false
+	}
+	return attemptOf(&tr), true
 }

@@ -3,6 +3,7 @@ package keyserver
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,7 @@ import (
 //     token is answered "try again".
 type Index struct {
 	mu    sync.RWMutex
-	names map[string]struct{}
+	names map[string]keyState
 
 	informer cache.SharedIndexInformer
 	// open counts the open watches (one, or briefly two as one ends and the next begins):
@@ -65,7 +66,7 @@ func NewIndex(cfg *rest.Config, namespace string, unsureReads float64, unsureBur
 		return nil, fmt.Errorf("a metadata client for the key index: %w", err)
 	}
 	secrets := mc.Resource(corev1.SchemeGroupVersion.WithResource("secrets")).Namespace(namespace)
-	idx := &Index{names: map[string]struct{}{}, unsure: rate.NewLimiter(rate.Limit(unsureReads), unsureBurst)}
+	idx := &Index{names: map[string]keyState{}, unsure: rate.NewLimiter(rate.Limit(unsureReads), unsureBurst)}
 	selector := KeyLabel + "=true"
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -82,12 +83,20 @@ func NewIndex(cfg *rest.Config, namespace string, unsureReads float64, unsureBur
 		},
 	}
 	idx.informer = cache.NewSharedIndexInformer(lw, &metav1.PartialObjectMetadata{}, 0, cache.Indexers{})
-	// Kept per key: its name and what the informer needs to follow it. A key Secret is berth's
-	// own, yet nothing more than the name is needed, so nothing more is held.
+	// Kept per key: its name, what the informer needs to follow it, the record it was made for
+	// and the attempt that last redeemed it (a label value and a number, both berth's own: only
+	// who can write berth's namespace writes them).
 	if err := idx.informer.SetTransform(func(obj any) (any, error) {
 		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
-			return &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
-				Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}}, nil
+			kept := &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+				Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}}
+			if record := m.Labels[AllocationLabel]; record != "" {
+				kept.Labels = map[string]string{AllocationLabel: record}
+			}
+			if attempt, ok := m.Annotations[redeemedAttemptAnnotation]; ok {
+				kept.Annotations = map[string]string{redeemedAttemptAnnotation: attempt}
+			}
+			return kept, nil
 		}
 		return obj, nil
 	}); err != nil {
@@ -111,11 +120,20 @@ func (i *Index) learn(obj any, kept bool) {
 	if !ok {
 		return
 	}
-	if kept {
-		i.Add(m.GetName())
-	} else {
+	if !kept {
 		i.Forget(m.GetName())
+		return
 	}
+	// An annotation that is no attempt is judged where the key is read (judge refuses it).
+	redeemed, _ := strconv.Atoi(m.GetAnnotations()[redeemedAttemptAnnotation])
+	i.mu.Lock()
+	k := i.names[m.GetName()]
+	k.record = m.GetLabels()[AllocationLabel]
+	if redeemed > k.closed {
+		k.closed, k.why = redeemed, ErrUnknown
+	}
+	i.names[m.GetName()] = k
+	i.mu.Unlock()
 }
 
 // track passes a watch's events on and notes while it is open.
@@ -165,11 +183,46 @@ func (*Index) NeedLeaderElection() bool { return false }
 // HasSynced tells whether the index has listed the keys once (for a readiness check).
 func (i *Index) HasSynced() bool { return i.informer.HasSynced() }
 
+// keyState is what the index knows of a kept key besides its name.
+type keyState struct {
+	// record is the record of the task the key was made for ("" for a key stored through
+	// POST /store-key, or one whose watch event has not come yet).
+	record string
+	// closed is the last attempt of the key's TaskRun that may no longer redeem it (0: none),
+	// and why: it redeemed the key, or its window passed. While its TaskRun is in that
+	// attempt, a redemption of the key is refused without asking the apiserver (Redeem).
+	closed int
+	why    error
+}
+
 // Add records a kept key's name; the Store that keeps a key tells its index at once.
 func (i *Index) Add(name string) {
 	i.mu.Lock()
-	i.names[name] = struct{}{}
+	if _, ok := i.names[name]; !ok {
+		i.names[name] = keyState{}
+	}
 	i.mu.Unlock()
+}
+
+// close notes that attempts of the key's TaskRun up to attempt may no longer redeem it, and
+// why; the Store tells it as it claims a key for an attempt or refuses one.
+func (i *Index) close(name, record string, attempt int, why error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	k, ok := i.names[name]
+	if !ok || attempt < k.closed {
+		return
+	}
+	k.record, k.closed, k.why = record, attempt, why
+	i.names[name] = k
+}
+
+// closedFor is what the index knows of a key that some attempt of its task may no longer
+// redeem: its record, that attempt and why (closed 0 when no attempt is closed).
+func (i *Index) closedFor(name string) keyState {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return i.names[name]
 }
 
 // Forget drops a name whose key is gone.

@@ -22,6 +22,10 @@ var (
 		Name: "berth_otp_store_key_refusals_total",
 		Help: "Refused POST /store-key requests, by reason: disabled, unauthenticated, forbidden.",
 	}, []string{"reason"})
+	refusedFromMemory = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "berth_otp_replays_refused_total",
+		Help: "Redemptions of a retried task's token refused without a request to the apiserver: the attempt its TaskRun is in redeemed the key already, or that attempt's window passed (also counted in berth_otp_redemptions_total).",
+	})
 	throttled = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_otp_throttled_total",
 		Help: "Requests answered 429 before they were read, by the limit they met: source-rate, source-concurrency (one address), concurrency (all addresses together).",
@@ -29,5 +33,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals, throttled)
+	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals, throttled, refusedFromMemory)
 }

@@ -4,16 +4,20 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	pipelinev1 "github.com/tektoncd/pipeline/pkg/apis/pipeline/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"knative.dev/pkg/apis"
 	duckv1 "knative.dev/pkg/apis/duck/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
+	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
 )
 
@@ -178,4 +182,72 @@ func startAttempt(t *testing.T, k task, attempt int, started time.Time) {
 	if err := cp.Client.Status().Update(context.Background(), k.tr); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A pod of a retried task (spec.retries: 2) replays its token, redeemed already in the attempt
+// the TaskRun is in, from several goroutines: every replay is refused, and none costs a request
+// to the apiserver, since the key server knows from memory which attempt redeemed the key and,
+// from the controller's cache, which attempt runs. The next attempt still redeems it once.
+func TestReplaysOfARedeemedTokenCostTheAPIServerNothing(t *testing.T) {
+	dir, ca := certDir(t)
+	ks := newIndexed(t, keyserver.DefaultUnsureReads, keyserver.DefaultUnsureBurst, true)
+	ks.store.Attempts = controllerCache(t)
+	s := serveHandler(t, &keyserver.Handler{Store: ks.store, Log: logr.Discard()}, dir, ca)
+	ctx := context.Background()
+	k := newRetriedTask(t, 2)
+	startAttempt(t, k, 1, time.Now())
+	key := privateKey(t)
+	tok, err := ks.store.Put(ctx, key, k.binding(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const replays, sources = 100, 4
+	for attempt := 1; attempt <= 2; attempt++ {
+		if attempt > 1 {
+			startAttempt(t, k, attempt, time.Now())
+			waitFor(t, fmt.Sprintf("the controller's cache shows attempt %d", attempt), func() bool {
+				n, ok := ks.store.Attempts.Attempt(ctx, k.rec.Name)
+				return ok && n == attempt
+			})
+		}
+		if status, body := s.post(t, "/otp", tok.String()); status != http.StatusOK || body != string(key) {
+			t.Fatalf("attempt %d: %d %q; want the key", attempt, status, body)
+		}
+		before := ks.calls.n.Load()
+		var wg sync.WaitGroup
+		var wrong atomic.Int32
+		for range sources {
+			wg.Go(func() {
+				for range replays / sources {
+					if status, body := s.post(t, "/otp", tok.String()); status != http.StatusNotFound || body != keyserver.ErrUnknown.Error() {
+						wrong.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if n := wrong.Load(); n > 0 {
+			t.Fatalf("attempt %d: %d of %d replays were not refused as already used", attempt, n, replays)
+		}
+		if n := ks.calls.n.Load() - before; n != 0 {
+			t.Fatalf("attempt %d: %d replays of the redeemed token cost %d apiserver requests, want none", attempt, replays, n)
+		}
+	}
+}
+
+// controllerCache is what the controller's manager holds (its cache, cut down as berth cuts
+// it) as the key server in its process reads it: the attempt a record's TaskRun is in.
+func controllerCache(t *testing.T) keyserver.Attempts {
+	t.Helper()
+	o := taskrun.CacheOptions(namespace)
+	o.Scheme = cp.Client.Scheme()
+	c, err := cache.New(cp.ConfigFor(namespace, controller), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Start(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return taskrun.CachedAttempts{Cache: c, Namespace: namespace}
 }

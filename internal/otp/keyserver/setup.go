@@ -107,7 +107,7 @@ func Serve(mgr manager.Manager, store *Store, o ServeOptions) error {
 		return err
 	}
 	store.Index = index
-	redeemer := &Store{Client: own, Namespace: store.Namespace, TTL: store.TTL, Now: store.Now, Index: index}
+	redeemer := &Store{Client: own, Namespace: store.Namespace, TTL: store.TTL, Now: store.Now, Index: index, Attempts: store.Attempts}
 	h := &Handler{Store: redeemer, Limits: NewLimiter(o.Limits), Log: mgr.GetLogger().WithName("otp-server")}
 	if len(allowed) > 0 {
 		h.StoreKey = ServiceAccounts{Client: own, Allowed: allowed}

@@ -98,6 +98,17 @@ type Store struct {
 	// Index, if set, knows the names of the kept keys: Redeem refuses a token whose name it
 	// does not know without asking the apiserver, and Put tells it of a new key at once.
 	Index *Index
+	// Attempts, if set (with Index), tells the attempt a task's TaskRun is in without asking
+	// the apiserver: a token of a retried task replayed in an attempt that redeemed it already
+	// is then refused from memory.
+	Attempts Attempts
+}
+
+// Attempts tells, from what the process holds and without a request to the apiserver, which
+// attempt the TaskRun of a record (named by its TaskRun's UID) is in; ok is false when it cannot
+// tell (the record or TaskRun is not held, or not yet listed), and the apiserver is then asked.
+type Attempts interface {
+	Attempt(ctx context.Context, record string) (attempt int, ok bool)
 }
 
 func (s *Store) now() time.Time {
@@ -261,6 +272,9 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 			}
 		}
 	}
+	if done, refusal := s.closed(ctx, tok.Name()); refusal != nil {
+		return done, refusal
+	}
 	var secret corev1.Secret
 	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: tok.Name()}, &secret); {
 	case apierrors.IsNotFound(err):
@@ -290,6 +304,7 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	if tr != nil {
 		switch refusal := s.judgeAttempt(tr, &secret); {
 		case refusal != nil && retriable:
+			s.closeFor(&secret, contract.Attempt(tr), refusal)
 			return done, refusal // the key stays kept for the next attempt
 		case refusal != nil:
 			return done, errors.Join(refusal, s.withdraw(ctx, &secret))
@@ -309,6 +324,7 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 		case err != nil:
 			return done, fmt.Errorf("claiming the one-time key: %w", err)
 		}
+		s.closeFor(&secret, contract.Attempt(tr), ErrUnknown)
 		done.Key = key
 		return done, nil
 	}
@@ -321,6 +337,34 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	s.forget(secret.Name)
 	done.Key = key
 	return done, nil
+}
+
+// closed refuses, without a request to the apiserver, a token whose key the current attempt of
+// its TaskRun may not redeem: it did already, or its window passed (closeFor). Only the
+// attempt the TaskRun is in is read, from memory (Attempts); a later attempt is judged anew.
+// Tekton writes a new attempt into the TaskRun's status before it makes the attempt's pod, so
+// the attempt is known here before any step of it can redeem (docs/otp.md).
+func (s *Store) closed(ctx context.Context, name string) (Redemption, error) {
+	if s.Index == nil || s.Attempts == nil {
+		return Redemption{}, nil
+	}
+	k := s.Index.closedFor(name)
+	if k.closed == 0 || k.record == "" {
+		return Redemption{}, nil
+	}
+	if attempt, ok := s.Attempts.Attempt(ctx, k.record); ok && attempt <= k.closed {
+		refusedFromMemory.Inc()
+		return Redemption{Allocation: k.record}, k.why
+	}
+	return Redemption{}, nil
+}
+
+// closeFor tells the index that the key may not be redeemed again by attempt or an earlier
+// one of its TaskRun, and why.
+func (s *Store) closeFor(secret *corev1.Secret, attempt int, why error) {
+	if s.Index != nil {
+		s.Index.close(secret.Name, secret.Labels[AllocationLabel], attempt, why)
+	}
 }
 
 // judgeAttempt tells why the current attempt of the key's TaskRun may not redeem it (nil: it
