@@ -14,7 +14,8 @@ import (
 // The scripts are fixed text: a syntax error would surface only on a host, so the shell checks
 // each one here.
 func TestScriptsParse(t *testing.T) {
-	for name, script := range map[string]string{"provision": provisionScript, "clean": cleanScript, "inspect": inspectScript} {
+	for name, script := range map[string]string{"provision": provisionScript, "clean": cleanScript, "inspect": inspectScript,
+		"macOS create": darwinCreateScript, "macOS remove": darwinRemoveScript} {
 		out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput()
 		if err != nil {
 			t.Errorf("%s script: %v: %s", name, err, out)

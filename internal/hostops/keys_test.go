@@ -134,8 +134,8 @@ func TestForeignHostsTakeEveryKeyType(t *testing.T) {
 			t.Errorf("%s on Windows: the command line is %d characters; cmd.exe takes at most 8191", kt, len(line))
 		}
 		key := strings.TrimSpace(string(k.authorized))
-		if got := win.Commands()[0].Stdin; strings.TrimSpace(string(got)) != key {
-			t.Errorf("%s on Windows: stdin %q, want the key line", kt, got)
+		if _, got := windowsScript(t, win.Commands()[0]); strings.TrimSpace(string(got)) != key {
+			t.Errorf("%s on Windows: stdin after the script %q, want the key line", kt, got)
 		}
 		if strings.Contains(decodePowerShell(t, line), key) {
 			t.Errorf("%s on Windows: the key line is on the command line", kt)

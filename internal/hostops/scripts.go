@@ -82,15 +82,7 @@ free=$(
 			[ -f "$f" ] && awk -F: '$2 ~ /^[0-9]+$/ && $3 ~ /^[0-9]+$/ {printf "%s %.0f\n", $2, $2 + $3 - 1}' "$f"
 		done
 		cat "$ledger"/*/ids 2>/dev/null
-	} | awk -v first="$first" -v n="$slices" -v start="$start" -v size=` + idsPerUserText + ` '
-		NF == 2 { lo[++m] = $1 + 0; hi[m] = $2 + 0 }
-		END {
-			for (k = 0; k < n; k++) {
-				i = (start + k) % n; b = first + i * size; e = b + size - 1; ok = 1
-				for (j = 1; j <= m && ok; j++) if (lo[j] <= e && hi[j] >= b) ok = 0
-				if (ok) printf "%.0f\n", b
-			}
-		}'
+	} | ` + freeSlices + `
 )
 uid=
 for b in $free; do
@@ -104,6 +96,19 @@ printf '%s\n' "$user" > "$ledger/$uid/user"
 printf '%s %s\n' "$uid" "$((uid + ` + idsPerUserText + ` - 1))" > "$ledger/$uid/ids"
 printf '%s\n' "$(( (uid - first) / ` + idsPerUserText + ` + 1 ))" > "$ledger.next.$$" && mv -f "$ledger.next.$$" "$ledger.next"
 `
+
+// freeSlices reads "lo hi" lines of IDs in use on stdin and prints the first ID of every slice
+// of the range ($first, $slices slices) that none of them touches, starting after slice $start
+// and going round.
+const freeSlices = `awk -v first="$first" -v n="$slices" -v start="$start" -v size=` + idsPerUserText + ` '
+		NF == 2 { lo[++m] = $1 + 0; hi[m] = $2 + 0 }
+		END {
+			for (k = 0; k < n; k++) {
+				i = (start + k) % n; b = first + i * size; e = b + size - 1; ok = 1
+				for (j = 1; j <= m && ok; j++) if (lo[j] <= e && hi[j] >= b) ok = 0
+				if (ok) printf "%.0f\n", b
+			}
+		}'`
 
 // idsPerUserText is config.IDsPerBuildUser as the scripts' text needs it.
 const idsPerUserText = "65536"
@@ -327,7 +332,11 @@ leftovers() {
 	ipc | summary "SysV IPC objects of its IDs remain"
 	for h in $homes; do if [ -e "$h" ] || [ -L "$h" ]; then echo "$h"; fi; done | summary "home directories remain"
 }
-# summary WHAT: one leftover line for the lines on stdin, if any: how many and the first one.
+` + leftoverSummary
+
+// leftoverSummary defines summary WHAT, which prints one leftover line for the lines on stdin,
+// if any: how many and the first one.
+const leftoverSummary = `# summary WHAT: one leftover line for the lines on stdin, if any: how many and the first one.
 summary() {
 	LC_ALL=C awk -v what="$1" '{ n++; if (n == 1) ex = $0 } END { if (n) { gsub(/[^[:print:]]/, "?", ex); printf "leftover: %d %s, e.g. %s\n", n, what, ex } }'
 }

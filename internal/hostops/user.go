@@ -48,8 +48,8 @@ type NewUser struct {
 	SudoCommands []string
 	// Limits; DefaultLimits when zero.
 	Limits Limits
-	// UIDs is the range the user's UID and subordinate IDs come from (Linux only);
-	// config.DefaultUIDRange when zero.
+	// UIDs is the range the user's UID (and on Linux its subordinate IDs) comes from, on
+	// Linux and macOS; config.DefaultUIDRange when zero.
 	UIDs config.UIDRange
 }
 
@@ -80,6 +80,18 @@ func (u NewUser) checkInputs() (authorized []byte, err error) {
 	return ssh.MarshalAuthorizedKey(key), nil
 }
 
+// uidRange is the range u's UID comes from.
+func (u NewUser) uidRange() (config.UIDRange, error) {
+	uids := u.UIDs
+	if uids == (config.UIDRange{}) {
+		uids = config.DefaultUIDRange
+	}
+	if uids.Users() == 0 {
+		return uids, fmt.Errorf("the build UID range %s holds no build user", uids)
+	}
+	return uids, nil
+}
+
 // CreateUser creates u on the host and returns its build directory. It only ever creates: a
 // user (or home) of that name already there is ErrUserExists, and nothing is changed.
 func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error) {
@@ -91,12 +103,9 @@ func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error)
 	if limits == (Limits{}) {
 		limits = DefaultLimits
 	}
-	uids := u.UIDs
-	if uids == (config.UIDRange{}) {
-		uids = config.DefaultUIDRange
-	}
-	if uids.Users() == 0 {
-		return "", fmt.Errorf("the build UID range %s holds no build user", uids)
+	uids, err := u.uidRange()
+	if err != nil {
+		return "", err
 	}
 	return createAsRoot(ctx, t, u.Name, authorized, provisionScript, u.Name, fmt.Sprint(limits.Processes), fmt.Sprint(limits.CPUMinutes),
 		strings.Join(u.SudoCommands, ", "), u.Owner, fmt.Sprint(uids.First), fmt.Sprint(uids.Users()))
