@@ -134,8 +134,8 @@ func TestMetricsOnlyForAllowedScrapers(t *testing.T) {
 		}
 	}
 
-	// A token the apiserver never issued is refused too (controller-runtime's filter answers it
-	// 500, "Authentication failed", not 401: it takes the rejection for an error).
+	// A token the apiserver never issued is refused too: 401, or 429 should the review budget be
+	// spent (internal/controller/metricsauth.go; controller-runtime's filter answered 500).
 	code, junk := scrape(t, "not-a-token-the-apiserver-issued")
 	if code == http.StatusOK || strings.Contains(junk, "berth_") {
 		t.Errorf("a made-up token got HTTP %d: %.300s", code, junk)
