@@ -30,6 +30,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/rbac"
 	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
@@ -100,7 +101,8 @@ func newRetriedTask(t testing.TB, retries int) task {
 	ctx := context.Background()
 	tr := &pipelinev1.TaskRun{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "build-", Namespace: tenant},
-		Spec:       pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}, Retries: retries},
+		Spec: pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}, Retries: retries,
+			Params: pipelinev1.Params{{Name: contract.PlatformParam, Value: *pipelinev1.NewStructuredValues("linux/s390x")}}},
 	}
 	if err := cp.Client.Create(ctx, tr); err != nil {
 		t.Fatal(err)
