@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 )
 
 // sink is an events.EventSink that answers each Create with the next of its answers (nil
@@ -71,7 +72,10 @@ func startWriter(t *testing.T, s *sink) func(reason string) {
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	w := &eventWriter{sink: s, retries: wait.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 1}, log: logr.Discard()}
+	w := &eventWriter{
+		sink: s, retries: wait.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 1}, clock: clock.RealClock{},
+		queue: newEventQueue(eventsQueuedPerNamespace, eventsQueued), log: logr.Discard(),
+	}
 	recorder, stop, err := w.start(scheme, "berth")
 	if err != nil {
 		t.Fatal(err)
