@@ -507,24 +507,7 @@ procs() {
 # launchd would start the user's agents again.
 launchctl bootout "gui/$uid" >/dev/null 2>&1 || true
 launchctl bootout "user/$uid" >/dev/null 2>&1 || true
-round=0
-while [ $round -lt 100 ]; do
-	round=$((round + 1))
-	# Stop what runs until a search finds nothing running: a stopped process cannot fork.
-	i=0
-	while [ $i -lt 20 ]; do
-		i=$((i + 1))
-		running=$(procs | awk '$2 != "T" && $2 != "Z" {print $1}')
-		[ -n "$running" ] || break
-		kill -STOP $running 2>/dev/null
-	done
-	all=$(procs | awk '$2 != "Z" {print $1}')
-	[ -n "$all" ] || all=$(procs | awk '{print $1}')
-	[ -n "$all" ] || break
-	kill -KILL $all 2>/dev/null
-	sleep 0.1
-done
-# owned rm|print DIR [MAXDEPTH]: removes or prints the topmost paths under DIR its UID owns, on
+` + stopAndKill + `# owned rm|print DIR [MAXDEPTH]: removes or prints the topmost paths under DIR its UID owns, on
 # DIR's own filesystem, never following a link.
 owned() {
 	act=$1 d=$2 depth=${3:-}

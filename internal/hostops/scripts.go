@@ -256,7 +256,12 @@ if [ -n "$uid" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/nul
 	systemctl kill --signal=SIGKILL "user-$uid.slice" >/dev/null 2>&1 || true
 	systemctl stop "user-$uid.slice" >/dev/null 2>&1 || true
 fi
-round=0
+` + stopAndKill
+
+// stopAndKill ends every process procs prints (pid, state, name, as Linux's and macOS's ps
+// give them): it stops them until a search finds none running, then kills them all, and starts
+// again, at most 100 rounds; what is left is the clean's leftover to report.
+const stopAndKill = `round=0
 while [ $round -lt 100 ]; do
 	round=$((round + 1))
 	# Stop what runs until a search finds nothing running: a stopped process cannot fork, and
