@@ -75,6 +75,7 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.UpdateTask, "update-task", o.UpdateTask, "the Task update TaskRuns run")
 	f.StringVar(&o.TaskServiceAccount, "task-service-account", o.TaskServiceAccount, "the ServiceAccount internal TaskRuns run as")
 	f.StringVar(&o.Provisioner, "provisioner", o.Provisioner, "how hosts are worked on: ssh (by the controller itself; admin keys never leave it) or taskrun (internal TaskRuns, where only pods may reach hosts)")
+	f.StringVar(&o.UpstreamNamespace, "upstream-namespace", o.UpstreamNamespace, "namespace of the multi-platform controller berth replaces, which no tenant may write: at berth's first start a provision TaskRun of that controller there shows which TaskRuns it served (docs/migrate-from-mpc.md)")
 	f.IntVar(&o.SSHWorkers, "ssh-workers", o.SSHWorkers, "host jobs (provision, clean) the ssh provisioner runs at once")
 	f.StringVar(&o.OTP.ServerURL, "otp-server-url", "", "give tasks a one-time token for their key instead of the key (secret keys otp, otp-server, otp-ca): the full https URL they POST it to, /otp included, e.g. https://berth-otp.berth-system.svc:8443/otp")
 	f.StringVar(&o.OTP.CAFile, "otp-ca-file", "", "the CA certificate written into task secrets as otp-ca (default <otp-cert-dir>/ca.crt)")

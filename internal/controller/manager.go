@@ -73,6 +73,9 @@ type Options struct {
 	// gives a self-signed certificate made at start (controller-runtime's, which takes one from
 	// <tmp>/k8s-metrics-server/serving-certs instead if that holds one).
 	MetricsCertDir string
+	// UpstreamNamespace is where the controller berth replaces ran: its provision TaskRuns
+	// there are what the switch-over's adoption believes (see taskrun.Reconciler).
+	UpstreamNamespace string
 	// Provisioner is how hosts are worked on: "ssh" (the controller itself) or "taskrun"
 	// (internal TaskRuns, for clusters where only pods may reach hosts).
 	Provisioner string
@@ -193,6 +196,7 @@ func DefaultOptions() Options {
 		UpdateTask:           "update-host",
 		TaskServiceAccount:   "berth-host-tasks",
 		Provisioner:          "ssh",
+		UpstreamNamespace:    taskrun.DefaultUpstreamNamespace,
 		SSHWorkers:           32,
 		MinFreeBytes:         10 << 30,
 		SweepInterval:        time.Minute,
@@ -264,7 +268,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: o.Namespace, Config: store,
 		Capacity: slots, Recorder: recorder, NewKey: keys.NewKey,
 		WaitTimeout: o.WaitTimeout, MirrorRevertInterval: o.MirrorRevertInterval,
-		PositionInterval: o.QueuePositionInterval,
+		PositionInterval: o.QueuePositionInterval, UpstreamNamespace: o.UpstreamNamespace,
 	}
 	uncached, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
 	if err != nil {

@@ -29,3 +29,8 @@ func (h Hostops) Check(ctx context.Context, t remote.Target, platform string) He
 	healthy, reason := hostops.CheckOn(ctx, t, platform, h.MinFreeBytes)
 	return Health{Healthy: healthy, Reason: reason}
 }
+
+// ExistingUsers tells which of the build users names exist on the host.
+func (h Hostops) ExistingUsers(ctx context.Context, t remote.Target, names []string) ([]string, error) {
+	return hostops.ExistingUsers(ctx, t, names)
+}

@@ -56,6 +56,17 @@ type Provisioner interface {
 	Forget(id string)
 }
 
+// UserLister tells, at once, which of some build users exist on a host. Only a provisioner
+// that reaches hosts from the controller's own process has one (SSH): internal TaskRuns cannot
+// answer while the controller starts.
+type UserLister interface {
+	ExistingUsers(ctx context.Context, login berthv1.HostLogin, names []string) ([]string, error)
+}
+
+// ListTimeout bounds one ExistingUsers: one short command, so as long as a host check
+// (hosts.checkTimeout) and no longer.
+const ListTimeout = time.Minute
+
 // Notifier is called with a job's Wake when the job ends.
 type Notifier func(wake string)
 

@@ -16,6 +16,7 @@ type HostSide interface {
 	CreateUser(ctx context.Context, t remote.Target, job Job) (userDir string, err error)
 	RemoveUser(ctx context.Context, t remote.Target, platform, user string) error
 	Check(ctx context.Context, t remote.Target, platform string) Health
+	ExistingUsers(ctx context.Context, t remote.Target, names []string) ([]string, error)
 }
 
 // SSH provisions from the controller's own process over SSH: admin keys come from the
@@ -91,6 +92,17 @@ func (s *SSH) Check(ctx context.Context, login berthv1.HostLogin) Health {
 		return Health{Reason: err.Error()}
 	}
 	return s.Host.Check(ctx, t, login.Platform)
+}
+
+// ExistingUsers logs in and asks which of names are users on the host, within ListTimeout.
+func (s *SSH) ExistingUsers(ctx context.Context, login berthv1.HostLogin, names []string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, ListTimeout)
+	defer cancel()
+	t, err := s.target(ctx, login)
+	if err != nil {
+		return nil, err
+	}
+	return s.Host.ExistingUsers(ctx, t, names)
 }
 
 // Forget drops the outcomes of job id.

@@ -143,6 +143,14 @@ func TestSwitchOverRunbook(t *testing.T) {
 				return len(now.Finalizers) == 0 && now.Labels[contract.AssignedHostLabel] == "", nil
 			})
 			event(t, old.elsewhere.tr, "ForeignSecret", old.elsewhere.secret.Name)
+			// A TaskRun its tenant labelled alike, with nothing of the upstream controller's
+			// behind it, is not adopted (the marker counts two) but waits as a new task.
+			event(t, old.labelled, "AdoptionUnproven", hostops.UpstreamUserName(old.labelled.Namespace, old.labelled.Name))
+			if err := admin().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: string(old.labelled.UID)}, &berthv1.Allocation{}); err == nil {
+				if rec := stacktest.Record(t, admin(), old.labelled); rec.Status.Message == "adopted from the controller berth replaced" {
+					t.Fatalf("%s, labelled by its tenant only, was adopted", old.labelled.Name)
+				}
+			}
 		}},
 		{"Let the adopted TaskRuns end", func(t *testing.T) {
 			// The build ends, as Tekton would end it.
@@ -202,9 +210,13 @@ func TestSwitchOverRunbook(t *testing.T) {
 		}
 	}
 
-	// berth goes on as usual: the new task's user goes when it ends, and nothing is owed.
-	if err := stack.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(fresh), nil); err != nil {
-		t.Fatal(err)
+	// berth goes on as usual: the new tasks' users go when they end, and nothing is owed. The
+	// tenant's labelled TaskRun was served as a new task once the adopted ones freed the host.
+	stacktest.Ready(t, admin(), old.labelled)
+	for _, tr := range []*pipelinev1.TaskRun{fresh, old.labelled} {
+		if err := stack.StandIn.Finish(context.Background(), client.ObjectKeyFromObject(tr), nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// No record, no finalizer and no host for any TaskRun of the namespace, build-elsewhere
 	// (still building) included: berth never served it.
@@ -241,7 +253,12 @@ type upstreamState struct {
 	// elsewhere still builds on a host the ConfigMap no longer lists (as a task on one of
 	// the upstream controller's VMs does): berth cannot adopt it.
 	elsewhere oldTask
+	// provision is one of its provision TaskRuns, in its namespace: it deletes those that
+	// succeeded, so most builds have their user on the host and nothing else to show for it.
 	provision *pipelinev1.TaskRun
+	// labelled is no task of the upstream controller's: its tenant labelled it alike, before
+	// berth's first start, with no user on the host or provision TaskRun behind it.
+	labelled *pipelinev1.TaskRun
 }
 
 func (s upstreamState) userTasks() []oldTask { return []oldTask{s.building, s.ended} }
@@ -249,7 +266,7 @@ func (s upstreamState) userTasks() []oldTask { return []oldTask{s.building, s.en
 // leaveWhatUpstreamLeaves puts the upstream controller's state on the cluster and the host:
 // its Deployment, its host-config and admin key in its namespace, two user TaskRuns with its
 // labels, finalizer, secret and build user (one building, one ended), and one of its
-// provision TaskRuns.
+// provision TaskRuns; and a TaskRun a tenant labelled alike with nothing behind it.
 func leaveWhatUpstreamLeaves(t *testing.T, host *sshhosts.Host, ns string) upstreamState {
 	t.Helper()
 	ctx := context.Background()
@@ -286,6 +303,14 @@ func leaveWhatUpstreamLeaves(t *testing.T, host *sshhosts.Host, ns string) upstr
 		return stacktest.Get(t, admin(), st.ended.tr).IsDone(), nil
 	})
 	st.elsewhere = servedElsewhere(t, ns, "build-elsewhere")
+	st.labelled = (&stacktest.Tenant{Namespace: ns}).TaskRun("build-labelled", platform)
+	st.labelled.Labels[contract.AssignedHostLabel] = mpcHostName
+	st.labelled.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
+	st.labelled.Finalizers = []string{contract.Finalizer}
+	create(t, st.labelled)
+	eventually(t, "Tekton resolved "+st.labelled.Name, func() (bool, error) {
+		return stacktest.Get(t, admin(), st.labelled).Status.TaskSpec != nil, nil
+	})
 	st.provision = &pipelinev1.TaskRun{ObjectMeta: metav1.ObjectMeta{Namespace: mpcNamespace, Name: "build-mid-prov-1a2b3",
 		Labels: map[string]string{contract.TaskTypeLabel: "provision", contract.UserTaskNamespaceLabel: ns,
 			contract.UserTaskNameLabel: "build-mid", contract.AssignedHostLabel: mpcHostName,

@@ -61,6 +61,10 @@ type Reconciler struct {
 	// PositionInterval is the least time between two writes of a waiting TaskRun's place in
 	// line (DefaultPositionInterval when zero).
 	PositionInterval time.Duration
+	// UpstreamNamespace is the namespace of the controller berth replaces, whose provision
+	// TaskRuns show what it served (DefaultUpstreamNamespace when empty). No tenant may write
+	// there: a TaskRun there is taken as that controller's own.
+	UpstreamNamespace string
 
 	// mirror writes the labels, annotations and finalizer of user TaskRuns (SetupWithManager
 	// makes it).

@@ -238,27 +238,33 @@ func TestACleanOwedAcrossARestartIsPaidOnceTheHostIsBack(t *testing.T) {
 
 // TestSwitchOverAdoptsLabelledTaskRuns: TaskRuns that the controller berth replaces left
 // mid-build (labels, finalizer, a build user named the old way) are taken over at berth's
-// first start on the cluster, cleaned and released.
+// first start on the cluster, cleaned and released, on what that controller left on the host
+// (the build user); one that a tenant labelled alike before the start, with no user on the
+// host, is served as a new task.
 func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	applyConfig(t, 2, nil)
 	ns := namespace(t)
 	ctx := context.Background()
 	beforeFirstStart(t)
 	host := hostsByName()[0]
-	tr := userTaskRun(ns, "left-behind", platform, "")
-	tr.Labels[contract.AssignedHostLabel] = host.Name
-	tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
-	tr.Finalizers = []string{contract.Finalizer}
-	create(t, tr)
-	eventually(t, "the stand-in resolved the TaskRun", func() (bool, error) {
-		return get(t, tr).Status.TaskSpec != nil, nil
-	})
+	labelled := func(name string) *pipelinev1.TaskRun {
+		tr := userTaskRun(ns, name, platform, "")
+		tr.Labels[contract.AssignedHostLabel] = host.Name
+		tr.Labels[contract.TargetPlatformLabel] = contract.PlatformLabelValue(platform)
+		tr.Finalizers = []string{contract.Finalizer}
+		create(t, tr)
+		eventually(t, "the stand-in resolved "+name, func() (bool, error) {
+			return get(t, tr).Status.TaskSpec != nil, nil
+		})
+		return tr
+	}
+	tr, unproven := labelled("left-behind"), labelled("labelled-before")
 	legacy := hostops.LegacyUserName(ns, tr.Name)
 	if _, err := host.Run(ctx, "useradd --create-home "+legacy); err != nil {
 		t.Fatal(err)
 	}
-	// The secret the earlier release wrote names its user (test/migrate adopts the upstream
-	// controller's).
+	// The secret the earlier release wrote names its user; berth believes the host's users, not
+	// a secret a tenant can write (test/migrate adopts the upstream controller's).
 	if err := c().Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: contract.SecretPrefix + tr.Name,
 		Labels: map[string]string{contract.SecretLabel: "true"}},
 		Data: map[string][]byte{"host": []byte(legacy + "@" + host.Address), "user-dir": []byte("/home/" + legacy)}}); err != nil {
@@ -271,7 +277,22 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	if rec := recordOf(t, tr); rec.Status.BuildUser != legacy || rec.Status.Login.Host != host.Name {
 		t.Fatalf("adopted as %s on %s, want %s on %s", rec.Status.BuildUser, rec.Status.Login.Host, legacy, host.Name)
 	}
+	// Labels without the user on the host prove nothing: a fresh user, as for any new task.
+	rec := ready(t, unproven)
+	if want := hostops.UserName(string(unproven.UID), rec.Status.Attempt); !strings.HasPrefix(string(secretOf(t, unproven).Data["host"]), want+"@") {
+		t.Fatalf("a TaskRun labelled by its tenant before the start was not served as a new task (user %s, want %s)", rec.Status.BuildUser, want)
+	}
+	eventually(t, "an AdoptionUnproven Event says why "+unproven.Name+" was not adopted", func() (bool, error) {
+		var events eventsv1.EventList
+		if err := c().List(ctx, &events, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
+			return e.Reason == "AdoptionUnproven" && e.Regarding.Name == unproven.Name
+		}), nil
+	})
 	finish(t, tr)
+	finish(t, unproven)
 	settled(t, ns)
 	if userExists(t, host, legacy) {
 		t.Fatalf("the adopted build user %s is still on %s", legacy, host.Name)
@@ -282,7 +303,7 @@ func TestSwitchOverAdoptsLabelledTaskRuns(t *testing.T) {
 	create(t, forged)
 	restartController(t, controllerOptions())
 	// The restart may cut the first attempt short (then the user is made again, attempt 2).
-	rec := ready(t, forged)
+	rec = ready(t, forged)
 	s := secretOf(t, forged)
 	if want := hostops.UserName(string(forged.UID), rec.Status.Attempt); !strings.HasPrefix(string(s.Data["host"]), want+"@") {
 		t.Fatalf("a TaskRun labelled after the switch-over got %q, want a fresh user %s", s.Data["host"], want)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -23,7 +22,7 @@ import (
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
-	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/provision"
 )
 
 // SwitchoverMarker is the ConfigMap, in the controller's namespace, that says the one-time
@@ -45,6 +44,10 @@ type line struct {
 	mirror    *taskMirror
 	recorder  events.EventRecorder
 	now       func() time.Time
+	// upstreamNamespace is where the controller berth replaces runs its provision TaskRuns.
+	upstreamNamespace string
+	// users lists a host's build users at the switch-over (nil: this provisioner cannot).
+	users provision.UserLister
 	// started is when this controller started: only TaskRuns older than that can have been
 	// served by the controller berth replaces.
 	started time.Time
@@ -230,48 +233,54 @@ func (l *line) restoreRecord(rec *berthv1.Allocation, superseded bool) {
 }
 
 // adoptOnce takes over, at berth's first start on a cluster, the TaskRuns that an earlier
-// controller (or an earlier berth) left holding a host: each gets a record owing its build user,
-// so its cleanup happens and its finalizer never sticks. After that, labels are never read.
+// controller (or an earlier berth) left holding a static host: each gets a record owing its build
+// user, so its cleanup happens and its finalizer never sticks. A TaskRun's labels and finalizer
+// only make it a candidate (a tenant can write them); it is adopted only on what that controller
+// itself left (prove), and never for a user another candidate could own (claimedBuildUsers).
+// After that, labels are never read.
 func (l *line) adoptOnce(ctx context.Context) error {
 	var marker corev1.ConfigMap
 	err := l.apiReader.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: SwitchoverMarker}, &marker)
 	if err == nil || !apierrors.IsNotFound(err) {
 		return err
 	}
-	// The cache's own objects, read only (as restoreQueue reads them); the candidates are
-	// copied, since adopting one writes on it.
-	var list pipelinev1.TaskRunList
-	if err := l.client.List(ctx, &list, userTasks, client.UnsafeDisableDeepCopy); err != nil {
+	candidates, err := l.adoptionCandidates(ctx)
+	if err != nil {
 		return err
 	}
-	var candidates []*pipelinev1.TaskRun
-	for i := range list.Items {
-		tr := &list.Items[i]
-		host := tr.Labels[contract.AssignedHostLabel]
-		if l.gate.classify(tr) != userTask || host == contract.Localhost ||
-			(host == "" && !controllerutil.ContainsFinalizer(tr, contract.Finalizer)) {
-			continue
-		}
-		// A TaskRun created after this controller started was never served by another one:
-		// its labels are the tenant's, not a record of anything (the apiserver sets the
-		// creation time; a tenant cannot).
-		if !tr.CreationTimestamp.Time.Before(l.started) {
-			continue
-		}
-		candidates = append(candidates, tr.DeepCopy())
+	provisions, err := l.upstreamProvisions(ctx)
+	if err != nil {
+		return err
 	}
-	shared := sharedUpstreamUsers(candidates)
+	proofs := l.prove(ctx, candidates, provisions)
+	claims := claimedBuildUsers(candidates)
 	adopted := 0
 	for _, tr := range candidates {
-		host := tr.Labels[contract.AssignedHostLabel]
-		if user := hostops.UpstreamUserName(tr.Namespace, tr.Name); shared[user] {
-			tell(ctx, l.recorder, tr, host, corev1.EventTypeWarning, "AdoptionFailed", "another TaskRun's name and namespace run together to the same text as this one's, so the controller berth replaced named both build users %s; berth cannot tell whose user it is and removes neither: remove it by hand once both tasks have ended", user)
+		hostName := tr.Labels[contract.AssignedHostLabel]
+		host := l.config.Host(hostName)
+		if host == nil {
+			// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
+			tell(ctx, l.recorder, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
 			if err := client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true})); err != nil {
 				return err
 			}
 			continue
 		}
-		ok, err := l.adopt(ctx, tr, host)
+		p := proofs[tr.UID]
+		if p.user == "" {
+			// The label is the tenant's word only: the task is served as a new one, and the
+			// mirror rewrites its labels from the record it gets.
+			tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeWarning, "AdoptionUnproven", "this TaskRun is labelled with host %s, but %s; berth serves it as a new task unless it has the secret of the controller berth replaced already", host.Name, p.seen)
+			continue
+		}
+		if claims[p.user] > 1 {
+			tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeWarning, "AdoptionFailed", "another TaskRun's name and namespace give the same build user name %s as this one's (the controller berth replaced runs them together; an earlier berth release hashed them to 48 bits), so berth cannot tell whose user it is and removes neither: remove it by hand once both tasks have ended", p.user)
+			if err := client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true})); err != nil {
+				return err
+			}
+			continue
+		}
+		ok, err := l.adopt(ctx, tr, host, p)
 		if err != nil {
 			return err
 		}
@@ -287,32 +296,47 @@ func (l *line) adoptOnce(ctx context.Context) error {
 	return client.IgnoreAlreadyExists(l.client.Create(ctx, &marker))
 }
 
-func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName string) (bool, error) {
-	var existing berthv1.Allocation
-	err := l.client.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: string(tr.UID)}, &existing)
-	if err == nil {
-		return false, nil
+// adoptionCandidates are the user TaskRuns, created before this controller started and without a
+// record, that carry a host label (not localhost) or the finalizer: those the controller berth
+// replaced may have left holding a host. They are copies, since adopting one writes on it.
+func (l *line) adoptionCandidates(ctx context.Context) ([]*pipelinev1.TaskRun, error) {
+	// The cache's own objects, read only (as restoreQueue reads them).
+	var list pipelinev1.TaskRunList
+	if err := l.client.List(ctx, &list, userTasks, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
 	}
-	if !apierrors.IsNotFound(err) {
-		return false, err
+	var candidates []*pipelinev1.TaskRun
+	for i := range list.Items {
+		tr := &list.Items[i]
+		host := tr.Labels[contract.AssignedHostLabel]
+		if l.gate.classify(tr) != userTask || host == contract.Localhost ||
+			(host == "" && !controllerutil.ContainsFinalizer(tr, contract.Finalizer)) {
+			continue
+		}
+		// A TaskRun created after this controller started was never served by another one:
+		// its labels are the tenant's, not a record of anything (the apiserver sets the
+		// creation time; a tenant cannot).
+		if !tr.CreationTimestamp.Time.Before(l.started) {
+			continue
+		}
+		var existing berthv1.Allocation
+		err := l.client.Get(ctx, client.ObjectKey{Namespace: l.namespace, Name: string(tr.UID)}, &existing)
+		if err == nil {
+			continue
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		candidates = append(candidates, tr.DeepCopy())
 	}
-	host := l.config.Host(hostName)
-	if host == nil {
-		// Nothing berth knows how to reach: let the TaskRun go rather than hold it forever.
-		tell(ctx, l.recorder, tr, hostName, corev1.EventTypeWarning, "AdoptionFailed", "host %q of this TaskRun is not in berth's host configuration; its build user (if any) must be removed by hand", hostName)
-		return false, client.IgnoreNotFound(l.mirror.patch(ctx, tr, mirrorState{ended: true}))
-	}
-	// Which user was made there, the task's secret tells (see adoptedBuildUser); the cache holds
-	// no secret's data.
-	var secret corev1.Secret
-	err = l.apiReader.Get(ctx, client.ObjectKey{Namespace: tr.Namespace, Name: contract.SecretPrefix + tr.Name}, &secret)
-	if client.IgnoreNotFound(err) != nil {
-		return false, err
-	}
-	// The labels are still the tenant's to write: they may name a full host. The controller
-	// berth replaces never over-committed, so a task beyond the host's concurrency was not
-	// really there; it is served like a new task instead, unless a secret of that controller
-	// answers it already (answeredElsewhere).
+	return candidates, nil
+}
+
+// adopt gives tr a record holding a slot of host and owing the build user p names.
+func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, host *config.StaticHost, p proof) (bool, error) {
+	// The controller berth replaces never over-committed, so a task beyond the host's
+	// concurrency was not really there; it is served like a new task instead, unless a secret
+	// of that controller answers it already (answeredElsewhere).
 	if !l.capacity.Adopt(taskOf(tr), host.Name, string(host.Platform)) {
 		tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeWarning, "AdoptionRefused", "host %s is full, so this TaskRun cannot have been running there; berth serves it as a new task unless it has its secret already", host.Name)
 		return false, nil
@@ -320,44 +344,12 @@ func (l *line) adopt(ctx context.Context, tr *pipelinev1.TaskRun, hostName strin
 	rec := l.records.forTask(tr, config.StrategyStatic)
 	login := hostconfig.Login(host)
 	rec.Status = berthv1.AllocationStatus{Phase: berthv1.PhaseReady, Login: &login,
-		BuildUser: adoptedBuildUser(tr, secret.Data), Message: "adopted from the controller berth replaced",
+		BuildUser: p.user, Message: "adopted from the controller berth replaced",
 		ReservedAt: microStamp(l.now())}
 	if err := l.client.Create(ctx, rec); err != nil {
 		l.capacity.Release(taskOf(tr))
 		return false, client.IgnoreAlreadyExists(err)
 	}
-	tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s; its build user %s is removed when it ends", host.Name, rec.Status.BuildUser)
+	tell(ctx, l.recorder, tr, host.Name, corev1.EventTypeNormal, "Adopted", "berth took over this TaskRun's slot on host %s (%s); its build user %s is removed when it ends", host.Name, p.seen, rec.Status.BuildUser)
 	return true, nil
-}
-
-// sharedUpstreamUsers are the build user names that the controller berth replaced gave to more
-// than one of trs. It names a user after the TaskRun's name and namespace run together
-// (UpstreamUserName), so a tenant can name a TaskRun in a namespace of its own ("build-1tea" in
-// "m-ab") to share another tenant's user ("build-1" in "team-ab"): adopting either would let
-// that tenant's task end the other's build by its clean.
-func sharedUpstreamUsers(trs []*pipelinev1.TaskRun) map[string]bool {
-	seen := map[string]int{}
-	for _, tr := range trs {
-		seen[hostops.UpstreamUserName(tr.Namespace, tr.Name)]++
-	}
-	shared := map[string]bool{}
-	for user, n := range seen {
-		if n > 1 {
-			shared[user] = true
-		}
-	}
-	return shared
-}
-
-// adoptedBuildUser is the build user an adopted TaskRun holds on its host: the one an earlier
-// berth release made (LegacyUserName) when the task's secret logs in as it, else the one the
-// upstream controller makes (UpstreamUserName), whose provision task may still be running and
-// not have written the secret yet. Both names derive from the TaskRun's own namespace and name,
-// so whatever a tenant writes into its secret can point berth at no one else's user.
-func adoptedBuildUser(tr *pipelinev1.TaskRun, secretData map[string][]byte) string {
-	legacy := hostops.LegacyUserName(tr.Namespace, tr.Name)
-	if strings.HasPrefix(string(secretData["host"]), legacy+"@") {
-		return legacy
-	}
-	return hostops.UpstreamUserName(tr.Namespace, tr.Name)
 }

@@ -54,9 +54,13 @@ func (r *Reconciler) init() {
 		strategies: r.strategies, records: r.records, cleans: r.Hosts, recorder: r.Recorder}
 	r.keyring = &keyring{config: r.Config, newKey: r.NewKey, otp: r.OTP, secrets: r.secrets}
 	r.gate = gate{namespace: r.Namespace, config: r.Config, strategies: r.strategies}
+	if r.UpstreamNamespace == "" {
+		r.UpstreamNamespace = DefaultUpstreamNamespace
+	}
+	users, _ := r.Provisioner.(provision.UserLister)
 	r.line = &line{client: r.Client, apiReader: r.APIReader, namespace: r.Namespace, config: r.Config,
 		capacity: r.Capacity, gate: r.gate, secrets: r.secrets, records: r.records, mirror: r.mirror,
-		recorder: r.Recorder, now: r.now, started: r.now()}
+		recorder: r.Recorder, now: r.now, started: r.now(), upstreamNamespace: r.UpstreamNamespace, users: users}
 	r.retrying = &retryPhase{records: r.records, recorder: r.Recorder, oneTime: r.OTP != nil}
 	r.answers = &answers{secrets: r.secrets, records: r.records, debts: r.debts}
 	r.guarding = &guardPhase{apiReader: r.APIReader, secrets: r.secrets, records: r.records, keyring: r.keyring,

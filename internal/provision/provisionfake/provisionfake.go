@@ -42,6 +42,7 @@ type Provisioner struct {
 	jobs    map[string]*job            // kind/id
 	users   map[string]map[string]bool // host → build users on it
 	started []Started
+	listed  int
 }
 
 // Started is a job as it was started.
@@ -60,7 +61,10 @@ type job struct {
 	forgotten bool
 }
 
-var _ provision.Provisioner = (*Provisioner)(nil)
+var (
+	_ provision.Provisioner = (*Provisioner)(nil)
+	_ provision.UserLister  = (*Provisioner)(nil)
+)
 
 func key(kind Kind, id string) string { return string(kind) + "/" + id }
 
@@ -80,6 +84,40 @@ func (p *Provisioner) Check(_ context.Context, login berthv1.HostLogin) provisio
 		return p.Health(login)
 	}
 	return provision.Health{Healthy: true}
+}
+
+// ExistingUsers tells which of names are on the host: made (or Put) and not removed.
+func (p *Provisioner) ExistingUsers(_ context.Context, login berthv1.HostLogin, names []string) ([]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.listed++
+	var out []string
+	for _, n := range names {
+		if p.users[login.Host][n] {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// Listed is how many times ExistingUsers was asked.
+func (p *Provisioner) Listed() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listed
+}
+
+// Put makes user on host as another controller would have: not through a job of this one.
+func (p *Provisioner) Put(host, user string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.users == nil {
+		p.users = map[string]map[string]bool{}
+	}
+	if p.users[host] == nil {
+		p.users[host] = map[string]bool{}
+	}
+	p.users[host][user] = true
 }
 
 // Forget drops the outcomes of job id (at once if it has ended, else when it ends).
