@@ -47,7 +47,7 @@ const (
 	heapPerObject = 4 << 10
 	// TaskRuns of each kind whose megabyte is in metadata or spec berth reads part of:
 	// finalizers, and the required node affinity of the pod template (see primeMeta).
-	metaTaskRuns = 30
+	metaTaskRuns = 20
 	metaKinds    = 5
 	// The outside namespace's two kinds with PLATFORM, each answered with an error secret.
 	outsideAnswered = 2 * metaTaskRuns
