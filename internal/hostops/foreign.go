@@ -408,11 +408,7 @@ printf '%s\n' "$home"
 // waits for the whole range to come round. A UID some account has is skipped, and so is one
 // that still runs a process or owns a path in $shared or at the top of /Users: a UID is handed
 // on only once verified clean, whatever happened to its last user.
-const darwinClaimUID = `mkdir -p "$ledger"
-start=0
-[ -f "$ledger.next" ] && read -r start < "$ledger.next" || true
-case "$start" in ''|*[!0-9]*) start=0 ;; esac
-free=$(
+const darwinClaimUID = ledgerStart + `free=$(
 	{
 		dscl . -list /Users UniqueID | awk '$2 ~ /^[0-9]+$/ {print $2, $2}'
 		cat "$ledger"/*/ids 2>/dev/null
@@ -445,8 +441,7 @@ if [ -z "$uid" ]; then
 fi
 printf '%s\n' "$user" > "$ledger/$uid/user"
 printf '%s %s\n' "$uid" "$uid" > "$ledger/$uid/ids"
-printf '%s\n' "$(( (uid - first) / ` + idsPerUserText + ` + 1 ))" > "$ledger.next.$$" && mv -f "$ledger.next.$$" "$ledger.next"
-`
+` + ledgerNext
 
 // darwinRemoveScript removes build user $1 in cleanScript's order, with macOS's tools; a user
 // already gone is success. Nothing new starts (no sudo rule, no shell, no ssh access, the home

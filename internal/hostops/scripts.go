@@ -70,11 +70,7 @@ printf '%s\n' "$home"
 // and "ids" (the slice, "lo hi"), both written before the user exists, so that a clean finds
 // the slice even of a provision cut short.
 const claimSlice = `ledger=/var/lib/berth/uids
-mkdir -p "$ledger"
-start=0
-[ -f "$ledger.next" ] && read -r start < "$ledger.next" || true
-case "$start" in ''|*[!0-9]*) start=0 ;; esac
-free=$(
+` + ledgerStart + `free=$(
 	{
 		getent passwd | awk -F: '$3 ~ /^[0-9]+$/ {print $3, $3}'
 		getent group | awk -F: '$3 ~ /^[0-9]+$/ {print $3, $3}'
@@ -94,8 +90,20 @@ if [ -z "$uid" ]; then
 fi
 printf '%s\n' "$user" > "$ledger/$uid/user"
 printf '%s %s\n' "$uid" "$((uid + ` + idsPerUserText + ` - 1))" > "$ledger/$uid/ids"
-printf '%s\n' "$(( (uid - first) / ` + idsPerUserText + ` + 1 ))" > "$ledger.next.$$" && mv -f "$ledger.next.$$" "$ledger.next"
+` + ledgerNext
+
+// ledgerStart and ledgerNext open and close a claim in the ledger of build UIDs ($ledger): the
+// search starts after the slice claimed last (the number in $ledger.next), so a freed slice waits
+// for the whole range to come round, and the claim of $uid moves that number on.
+const (
+	ledgerStart = `mkdir -p "$ledger"
+start=0
+[ -f "$ledger.next" ] && read -r start < "$ledger.next" || true
+case "$start" in ''|*[!0-9]*) start=0 ;; esac
 `
+	ledgerNext = `printf '%s\n' "$(( (uid - first) / ` + idsPerUserText + ` + 1 ))" > "$ledger.next.$$" && mv -f "$ledger.next.$$" "$ledger.next"
+`
+)
 
 // freeSlices reads "lo hi" lines of IDs in use on stdin and prints the first ID of every slice
 // of the range ($first, $slices slices) that none of them touches, starting after slice $start
