@@ -27,7 +27,7 @@ type Job struct {
 	// Owner is recorded on the host beside the user ("namespace/name uid").
 	Owner        string
 	SudoCommands []string
-	// UIDs is the config's build-uid-range: where a Linux build user's IDs come from.
+	// UIDs is the config's build-uid-range: where a Linux or macOS build user's IDs come from.
 	UIDs config.UIDRange
 	// Wake is what Notify hands back when the job ends (the TaskRun's namespace/name).
 	Wake string
