@@ -457,14 +457,7 @@ umask 077
 rm -f "/etc/sudoers.d/berth-$user" "/etc/sudoers.d/.berth-$user.new" || { echo "could not remove the sudo rule of $user" >&2; exit 1; }
 ledger=/var/db/berth/uids shared="` + darwinShared + `"
 spooldirs="` + darwinSpools + `"
-claim=
-for d in "$ledger"/*; do
-	[ -f "$d/user" ] || continue
-	owner=
-	read -r owner < "$d/user" || true
-	if [ "$owner" = "$user" ]; then claim=$d; break; fi
-done
-uid= exists=false
+` + findClaim + `uid= exists=false
 if dscl . -read "/Users/$user" >/dev/null 2>&1; then
 	exists=true
 	uid=$(dscl . -read "/Users/$user" UniqueID | awk '$1 == "UniqueID:" {print $2}')

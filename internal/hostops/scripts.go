@@ -92,6 +92,17 @@ printf '%s\n' "$user" > "$ledger/$uid/user"
 printf '%s %s\n' "$uid" "$((uid + ` + idsPerUserText + ` - 1))" > "$ledger/$uid/ids"
 ` + ledgerNext
 
+// findClaim sets $claim to the ledger's entry ($ledger/<uid>) that names $user, "" when none
+// does: the UID a clean must verify and free.
+const findClaim = `claim=
+for d in "$ledger"/*; do
+	[ -f "$d/user" ] || continue
+	owner=
+	read -r owner < "$d/user" || true
+	if [ "$owner" = "$user" ]; then claim=$d; break; fi
+done
+`
+
 // ledgerStart and ledgerNext open and close a claim in the ledger of build UIDs ($ledger): the
 // search starts after the slice claimed last (the number in $ledger.next), so a freed slice waits
 // for the whole range to come round, and the claim of $uid moves that number on.
@@ -163,14 +174,7 @@ case "$user" in u-*) ;; *) echo "refusing to remove $user: not a berth build use
 umask 077
 rm -f "/etc/sudoers.d/berth-$user" "/etc/sudoers.d/.berth-$user.new" "/etc/security/limits.d/berth-$user.conf"
 ledger=/var/lib/berth/uids
-claim=
-for d in "$ledger"/*; do
-	[ -f "$d/user" ] || continue
-	owner=
-	read -r owner < "$d/user" || true
-	if [ "$owner" = "$user" ]; then claim=$d; break; fi
-done
-homes="/home/$user"
+` + findClaim + `homes="/home/$user"
 uids= gids= uid= exists=false
 if uid=$(id -u "$user" 2>/dev/null); then
 	exists=true
