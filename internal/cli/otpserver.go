@@ -101,7 +101,7 @@ func keyServerFlags(f *pflag.FlagSet, prefix string, qps *float32, burst *int, l
 	f.IntVar(&limits.SourceBurst, prefix+"source-burst", d.SourceBurst, "requests one client address may send at once above --"+prefix+"source-rate")
 	f.IntVar(&limits.SourceConcurrency, prefix+"source-concurrency", d.SourceConcurrency, "requests of one client address the key server serves at the same time")
 	f.IntVar(&limits.Sources, prefix+"sources", d.Sources, "client addresses the key server remembers for its limits; past it the least recently heard is forgotten")
-	f.IntVar(&limits.Concurrency, prefix+"concurrency", d.Concurrency, "requests of all clients together the key server serves at the same time")
+	f.IntVar(&limits.Concurrency, prefix+"concurrency", d.Concurrency, "redemptions (and /store-key requests) of all clients together at the apiserver at once; past it they wait for their turn, shared by the namespaces of their tasks")
 	f.Float64Var(unsureReads, prefix+"unsure-reads", keyserver.DefaultUnsureReads, "apiserver reads per second of tokens the key index cannot judge while its watch is not current (503 with Retry-After past it)")
 	f.IntVar(unsureBurst, prefix+"unsure-burst", keyserver.DefaultUnsureBurst, "burst above --"+prefix+"unsure-reads")
 }

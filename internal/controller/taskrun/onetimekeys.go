@@ -74,7 +74,8 @@ func (k *keyring) keptToken(ctx context.Context, tr *pipelinev1.TaskRun, rec *be
 }
 
 func bindingOf(rec *berthv1.Allocation) *keyserver.Binding {
-	return &keyserver.Binding{Allocation: rec.Name, AllocationUID: rec.UID, BuildUser: rec.Status.BuildUser}
+	return &keyserver.Binding{Allocation: rec.Name, AllocationUID: rec.UID, BuildUser: rec.Status.BuildUser,
+		Namespace: rec.Spec.TaskRun.Namespace}
 }
 
 // revoke deletes the record's unredeemed keys: its task ended, its secret was tampered

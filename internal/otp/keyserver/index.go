@@ -84,14 +84,19 @@ func NewIndex(cfg *rest.Config, namespace string, unsureReads float64, unsureBur
 	}
 	idx.informer = cache.NewSharedIndexInformer(lw, &metav1.PartialObjectMetadata{}, 0, cache.Indexers{})
 	// Kept per key: its name, what the informer needs to follow it, the record it was made for
-	// and the attempt that last redeemed it (a label value and a number, both berth's own: only
+	// and its task's namespace, and the attempt that last redeemed it (a label value and a number, both berth's own: only
 	// who can write berth's namespace writes them).
 	if err := idx.informer.SetTransform(func(obj any) (any, error) {
 		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
 			kept := &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
 				Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}}
-			if record := m.Labels[AllocationLabel]; record != "" {
-				kept.Labels = map[string]string{AllocationLabel: record}
+			for _, label := range []string{AllocationLabel, NamespaceLabel} {
+				if v := m.Labels[label]; v != "" {
+					if kept.Labels == nil {
+						kept.Labels = map[string]string{}
+					}
+					kept.Labels[label] = v
+				}
 			}
 			if attempt, ok := m.Annotations[redeemedAttemptAnnotation]; ok {
 				kept.Annotations = map[string]string{redeemedAttemptAnnotation: attempt}
@@ -129,6 +134,7 @@ func (i *Index) learn(obj any, kept bool) {
 	i.mu.Lock()
 	k := i.names[m.GetName()]
 	k.record = m.GetLabels()[AllocationLabel]
+	k.namespace = m.GetLabels()[NamespaceLabel]
 	if redeemed > k.closed {
 		k.closed, k.why = redeemed, ErrUnknown
 	}
@@ -188,6 +194,8 @@ type keyState struct {
 	// record is the record of the task the key was made for ("" for a key stored through
 	// POST /store-key, or one whose watch event has not come yet).
 	record string
+	// namespace is where that task runs ("" when the key's label does not say).
+	namespace string
 	// closed is the last attempt of the key's TaskRun that may no longer redeem it (0: none),
 	// and why: it redeemed the key, or its window passed. While its TaskRun is in that
 	// attempt, a redemption of the key is refused without asking the apiserver (Redeem).
@@ -217,9 +225,9 @@ func (i *Index) close(name, record string, attempt int, why error) {
 	i.names[name] = k
 }
 
-// closedFor is what the index knows of a key that some attempt of its task may no longer
-// redeem: its record, that attempt and why (closed 0 when no attempt is closed).
-func (i *Index) closedFor(name string) keyState {
+// state is what the index knows of a key besides its name: its task's record and namespace,
+// and the attempt of that task that may no longer redeem it, and why (closed 0 when none).
+func (i *Index) state(name string) keyState {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	return i.names[name]

@@ -12,10 +12,11 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Limits bound what one source (a client's IP address) and all sources together may ask of the
-// key server at once. Every POST passes them before its body is read; a request past one is
-// answered 429 with Retry-After. A task redeems its token once, so a source that asks more
-// often than a handful of times a second is not a task. docs/otp.md explains each default.
+// Limits bound what one source (a client's IP address) may ask of the key server, and how many
+// redemptions of all sources together may be at the apiserver at once. Every POST passes a
+// source's limits before its body is read; a request past one is answered 429 with
+// Retry-After. A task redeems its token once, so a source that asks more often than a handful
+// of times a second is not a task. docs/otp.md explains each default.
 type Limits struct {
 	// SourceRate is the requests per second one source may send, SourceBurst how many it may
 	// send at once above that.
@@ -27,7 +28,10 @@ type Limits struct {
 	// is forgotten (and starts afresh when it comes back), so a flood from many addresses
 	// costs a bounded table.
 	Sources int
-	// Concurrency is how many requests of all sources together may be served at once.
+	// Concurrency is how many redemptions of all sources together may be at the apiserver at
+	// once, shared in turns by the namespaces of their tasks (Turns): past it a redemption
+	// waits for its namespace's turn rather than being refused, so one tenant cannot use the
+	// slots up for the others.
 	Concurrency int
 }
 
@@ -44,7 +48,6 @@ type Limiter struct {
 	mu      sync.Mutex
 	sources map[string]*list.Element // of *source, most recently heard first
 	lru     *list.List
-	global  int
 }
 
 type source struct {
@@ -78,7 +81,6 @@ func NewLimiter(o Limits) *Limiter {
 const (
 	throttledSourceRate        = "source-rate"
 	throttledSourceConcurrency = "source-concurrency"
-	throttledConcurrency       = "concurrency"
 )
 
 // Admit lets a request of addr in, or tells why not and when to come back. A request let in
@@ -91,9 +93,6 @@ func (l *Limiter) Admit(addr string) (release func(), refused string, retryAfter
 	if src.inFlight >= l.o.SourceConcurrency {
 		return nil, throttledSourceConcurrency, time.Second
 	}
-	if l.global >= l.o.Concurrency {
-		return nil, throttledConcurrency, time.Second
-	}
 	r := src.bucket.ReserveN(now, 1)
 	if delay := r.DelayFrom(now); delay > 0 {
 		// Not taken: a refused request must not push the source's next chance further away,
@@ -102,13 +101,11 @@ func (l *Limiter) Admit(addr string) (release func(), refused string, retryAfter
 		return nil, throttledSourceRate, delay
 	}
 	src.inFlight++
-	l.global++
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			l.mu.Lock()
 			src.inFlight--
-			l.global--
 			l.mu.Unlock()
 		})
 	}, "", 0
@@ -116,7 +113,7 @@ func (l *Limiter) Admit(addr string) (release func(), refused string, retryAfter
 
 // sourceOf finds addr's entry, or makes it, forgetting the least recently heard source when
 // the table is full. A forgotten source with requests in flight keeps its count on its own
-// entry (release finds it), so the global count stays exact.
+// entry (release finds it).
 func (l *Limiter) sourceOf(addr string) *source {
 	if e, ok := l.sources[addr]; ok {
 		l.lru.MoveToFront(e)

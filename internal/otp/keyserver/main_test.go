@@ -98,9 +98,15 @@ func newTask(t testing.TB) task {
 // pipeline task with `retries: N` makes it.
 func newRetriedTask(t testing.TB, retries int) task {
 	t.Helper()
+	return newTaskIn(t, tenant, retries)
+}
+
+// newTaskIn is newRetriedTask in namespace ns (which must exist).
+func newTaskIn(t testing.TB, ns string, retries int) task {
+	t.Helper()
 	ctx := context.Background()
 	tr := &pipelinev1.TaskRun{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "build-", Namespace: tenant},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "build-", Namespace: ns},
 		Spec: pipelinev1.TaskRunSpec{TaskRef: &pipelinev1.TaskRef{Name: "buildah-remote"}, Retries: retries,
 			Params: pipelinev1.Params{{Name: contract.PlatformParam, Value: *pipelinev1.NewStructuredValues("linux/s390x")}}},
 	}
@@ -122,7 +128,7 @@ func newRetriedTask(t testing.TB, retries int) task {
 }
 
 func (k task) binding() *keyserver.Binding {
-	return &keyserver.Binding{Allocation: k.rec.Name, AllocationUID: k.rec.UID, BuildUser: k.rec.Status.BuildUser}
+	return &keyserver.Binding{Allocation: k.rec.Name, AllocationUID: k.rec.UID, BuildUser: k.rec.Status.BuildUser, Namespace: k.tr.Namespace}
 }
 
 // privateKey is a build user's key as berth makes them, in OpenSSH's format.

@@ -8,7 +8,7 @@ import (
 var (
 	redemptions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_otp_redemptions_total",
-		Help: "Requests to redeem a one-time token, by outcome: redeemed, unknown (never issued or already used), expired, ended (its task ended or moved on), malformed, busy (the key index was not current and its budget of apiserver reads was spent; try again), failed (the apiserver could not be asked; the key is kept).",
+		Help: "Requests to redeem a one-time token, by outcome: redeemed, unknown (never issued or already used), expired, ended (its task ended or moved on), malformed, busy (the key index was not current and its budget of apiserver reads was spent, or the redemption waited too long for a turn at the apiserver; try again), failed (the apiserver could not be asked; the key is kept).",
 	}, []string{"outcome"})
 	stored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_otp_keys_stored_total",
@@ -26,12 +26,16 @@ var (
 		Name: "berth_otp_replays_refused_total",
 		Help: "Redemptions of a retried task's token refused without a request to the apiserver: the attempt its TaskRun is in redeemed the key already, or that attempt's window passed (also counted in berth_otp_redemptions_total).",
 	})
+	turnWaits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "berth_otp_turn_waits_total",
+		Help: "Redemptions that found every slot at the apiserver taken and waited for their namespace's turn (--otp-concurrency); those that waited too long are counted as busy in berth_otp_redemptions_total.",
+	})
 	throttled = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_otp_throttled_total",
-		Help: "Requests answered 429 before they were read, by the limit they met: source-rate, source-concurrency (one address), concurrency (all addresses together).",
+		Help: "Requests answered 429 before they were read, by the limit they met: source-rate, source-concurrency (one address).",
 	}, []string{"limit"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals, throttled, refusedFromMemory)
+	metrics.Registry.MustRegister(redemptions, stored, withdrawn, storeKeyRefusals, throttled, refusedFromMemory, turnWaits)
 }

@@ -33,7 +33,7 @@ type Handler struct {
 	Store *Store
 	// StoreKey decides who may POST /store-key; nil refuses everyone.
 	StoreKey Authenticator
-	// Limits, if set, bound each source's requests and all of them together (429 past them).
+	// Limits, if set, bound each source's requests (429 past them).
 	Limits *Limiter
 	Log    logr.Logger
 }
@@ -64,7 +64,7 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, serve func(http.R
 		if release == nil {
 			throttled.WithLabelValues(refused).Inc()
 			w.Header().Set("Retry-After", retryAfter(wait))
-			plain(w, http.StatusTooManyRequests, "too many requests from this address or to this server: try again after the time Retry-After says")
+			plain(w, http.StatusTooManyRequests, "too many requests from this address: try again after the time Retry-After says")
 			return
 		}
 		defer release()
@@ -106,7 +106,7 @@ func (h *Handler) redeem(w http.ResponseWriter, r *http.Request) {
 		outcome, status = "expired", http.StatusGone
 	case errors.Is(err, ErrEnded):
 		outcome, status = "ended", http.StatusGone
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrCrowded):
 		outcome, status = "busy", http.StatusServiceUnavailable
 	default:
 		outcome, status = "failed", http.StatusServiceUnavailable
@@ -126,7 +126,7 @@ func (h *Handler) redeem(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		if outcome == "busy" {
 			log.Info("one-time token put off", "reason", err.Error())
-			plain(w, status, ErrBusy.Error())
+			plain(w, status, err.Error())
 			return
 		}
 		log.Error(err, "redeeming a one-time token")
@@ -148,7 +148,22 @@ func publicMessage(err error) string {
 	return err.Error()
 }
 
+// storeKeyLine is the line of Turns that requests to store a key wait in: each costs the
+// apiserver a TokenReview and a write, and who sends it is known only after the review, so
+// they take turns with the namespaces of redemptions as one more namespace ("/" is in no
+// namespace's name).
+const storeKeyLine = "/store-key"
+
 func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) {
+	if h.Store.Turns != nil {
+		release, err := h.Store.Turns.Take(r.Context(), storeKeyLine)
+		if err != nil {
+			w.Header().Set("Retry-After", "1")
+			plain(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		defer release()
+	}
 	who, err := h.authenticate(r)
 	if err != nil {
 		reason, status := "", http.StatusForbidden

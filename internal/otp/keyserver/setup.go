@@ -37,8 +37,8 @@ type ServeOptions struct {
 	// Zero takes DefaultKubeAPIQPS and DefaultKubeAPIBurst.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
-	// Limits bound each source's requests and all of them together (DefaultLimits for zero
-	// fields).
+	// Limits bound each source's requests, and the redemptions at the apiserver at once, shared
+	// in turns by namespace (DefaultLimits for zero fields).
 	Limits Limits
 	// UnsureReads (per second) and UnsureBurst bound the apiserver reads of tokens the index
 	// cannot judge while its watch is not current (DefaultUnsureReads, DefaultUnsureBurst).
@@ -107,8 +107,10 @@ func Serve(mgr manager.Manager, store *Store, o ServeOptions) error {
 		return err
 	}
 	store.Index = index
-	redeemer := &Store{Client: own, Namespace: store.Namespace, TTL: store.TTL, Now: store.Now, Index: index, Attempts: store.Attempts}
-	h := &Handler{Store: redeemer, Limits: NewLimiter(o.Limits), Log: mgr.GetLogger().WithName("otp-server")}
+	limits := NewLimiter(o.Limits)
+	redeemer := &Store{Client: own, Namespace: store.Namespace, TTL: store.TTL, Now: store.Now, Index: index,
+		Attempts: store.Attempts, Turns: NewTurns(limits.o.Concurrency, 0)}
+	h := &Handler{Store: redeemer, Limits: limits, Log: mgr.GetLogger().WithName("otp-server")}
 	if len(allowed) > 0 {
 		h.StoreKey = ServiceAccounts{Client: own, Allowed: allowed}
 	}

@@ -38,7 +38,11 @@ const (
 	KeyLabel = "berth.dev/otp-key"
 	// AllocationLabel names the record (Allocation) of the task a key was made for; a key
 	// stored through POST /store-key has none.
-	AllocationLabel         = "berth.dev/otp-allocation"
+	AllocationLabel = "berth.dev/otp-allocation"
+	// NamespaceLabel names the namespace of the task a key was made for: the line it waits in
+	// for a turn at the apiserver (Turns). Keys kept before it was written have none and share
+	// one line.
+	NamespaceLabel          = "berth.dev/otp-namespace"
 	allocationUIDAnnotation = "berth.dev/otp-allocation-uid"
 	buildUserAnnotation     = "berth.dev/otp-build-user"
 	expiresAnnotation       = "berth.dev/otp-expires"
@@ -66,6 +70,8 @@ type Binding struct {
 	Allocation    string
 	AllocationUID types.UID
 	BuildUser     string
+	// Namespace is the TaskRun's, as berth's record names it.
+	Namespace string
 }
 
 // Why a redemption fails. Each is what the person reading the task's log is told, and none
@@ -98,6 +104,9 @@ type Store struct {
 	// Index, if set, knows the names of the kept keys: Redeem refuses a token whose name it
 	// does not know without asking the apiserver, and Put tells it of a new key at once.
 	Index *Index
+	// Turns, if set, shares the redemptions that reach the apiserver among the namespaces of
+	// their tasks; nil lets every redemption through at once.
+	Turns *Turns
 	// Attempts, if set (with Index), tells the attempt a task's TaskRun is in without asking
 	// the apiserver: a token of a retried task replayed in an attempt that redeemed it already
 	// is then refused from memory.
@@ -142,6 +151,9 @@ func (s *Store) Put(ctx context.Context, key []byte, bound *Binding, storedBy st
 	}
 	if bound != nil {
 		secret.Labels[AllocationLabel] = bound.Allocation
+		if bound.Namespace != "" {
+			secret.Labels[NamespaceLabel] = bound.Namespace
+		}
 		secret.Annotations[allocationUIDAnnotation] = string(bound.AllocationUID)
 		secret.Annotations[buildUserAnnotation] = bound.BuildUser
 	}
@@ -275,6 +287,13 @@ func (s *Store) Redeem(ctx context.Context, text string) (Redemption, error) {
 	if done, refusal := s.closed(ctx, tok.Name()); refusal != nil {
 		return done, refusal
 	}
+	if s.Turns != nil {
+		release, err := s.Turns.Take(ctx, s.namespaceOf(tok.Name()))
+		if err != nil {
+			return Redemption{}, err
+		}
+		defer release()
+	}
 	var secret corev1.Secret
 	switch err := s.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: tok.Name()}, &secret); {
 	case apierrors.IsNotFound(err):
@@ -348,7 +367,7 @@ func (s *Store) closed(ctx context.Context, name string) (Redemption, error) {
 	if s.Index == nil || s.Attempts == nil {
 		return Redemption{}, nil
 	}
-	k := s.Index.closedFor(name)
+	k := s.Index.state(name)
 	if k.closed == 0 || k.record == "" {
 		return Redemption{}, nil
 	}
@@ -357,6 +376,16 @@ func (s *Store) closed(ctx context.Context, name string) (Redemption, error) {
 		return Redemption{Allocation: k.record}, k.why
 	}
 	return Redemption{}, nil
+}
+
+// namespaceOf is the namespace of the task a key was made for, as the index knows it from the
+// key's label ("" when it does not: a key stored through /store-key, one kept before the label,
+// or one the index has not seen).
+func (s *Store) namespaceOf(name string) string {
+	if s.Index == nil {
+		return ""
+	}
+	return s.Index.state(name).namespace
 }
 
 // closeFor tells the index that the key may not be redeemed again by attempt or an earlier
