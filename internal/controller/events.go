@@ -40,11 +40,6 @@ const eventAttempt = 10 * time.Second
 // memory than they did (about a kilobyte each).
 const eventsQueued = 1000
 
-// eventsQueuedPerNamespace is a choice: a namespace with a hundred Events not yet written has
-// told its owner more than anyone reads, and a tenth of eventsQueued leaves the queue to ten
-// such namespaces before the total bound starts to trim the one that holds the most.
-const eventsQueuedPerNamespace = 100
-
 // eventRetries is the backoff between tries of an Event the apiserver could not take for now
 // (a timeout, a throttle, a connection lost): three more tries within about 1.3 s (or after the
 // apiserver's Retry-After, when longer), so a short outage loses no Event. The Event waits in
@@ -60,7 +55,7 @@ func newEventRecorder(mgr ctrl.Manager, name string) (events.EventRecorder, erro
 	}
 	w := &eventWriter{
 		sink: apiserverEvents{client.RESTClient()}, retries: eventRetries, clock: clock.RealClock{},
-		queue: newEventQueue(eventsQueuedPerNamespace, eventsQueued), log: mgr.GetLogger().WithName("events"),
+		queue: newEventQueue(eventsQueued), log: mgr.GetLogger().WithName("events"),
 	}
 	recorder, stop, err := w.start(mgr.GetScheme(), name)
 	if err != nil {

@@ -15,8 +15,10 @@ import (
 // blocks its caller, so client-go's broadcaster, which hands Events over, never fills its own
 // channel and never drops there: all dropping is done here, by the rules of add.
 type eventQueue struct {
-	// perNamespace and total bound what the queue holds, so that no tenant sizes it.
-	perNamespace, total int
+	// total bounds what the queue holds, so that no tenant sizes it. No namespace has a bound
+	// of its own: one tenant's burst (a thousand tasks queued at once) keeps every Event while
+	// the queue has room, and only a full queue trims, from the namespace that holds the most.
+	total int
 
 	mu sync.Mutex
 	// pending holds the namespaces with Events waiting, and no other: a namespace whose
@@ -45,20 +47,18 @@ type pendingEvent struct {
 	notBefore time.Time
 }
 
-func newEventQueue(perNamespace, total int) *eventQueue {
-	return &eventQueue{perNamespace: perNamespace, total: total, pending: map[string]*namespaceEvents{}, added: make(chan struct{}, 1)}
+func newEventQueue(total int) *eventQueue {
+	return &eventQueue{total: total, pending: map[string]*namespaceEvents{}, added: make(chan struct{}, 1)}
 }
 
-// add queues a new Event behind the others of its namespace. A namespace that holds its
-// bound loses the new Event; when the queue is full, the namespace that holds the most loses
-// its newest, so a flooding tenant drops its own Events and never another's.
+// add queues a new Event behind the others of its namespace. When the queue is full, the
+// namespace that holds the most loses its newest (the new Event itself, if that is its own
+// namespace), so a flooding tenant drops its own Events and never another's, and several
+// flooders end up holding about as many each.
 func (q *eventQueue) add(p *pendingEvent) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	ns := q.pending[p.event.Namespace]
-	if ns != nil && len(ns.events) >= q.perNamespace {
-		return
-	}
 	if q.count >= q.total {
 		most := q.holdingMost()
 		if ns != nil && len(ns.events) >= len(q.pending[most].events) {
@@ -79,9 +79,7 @@ func (q *eventQueue) add(p *pendingEvent) {
 func (q *eventQueue) requeue(p *pendingEvent) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if ns := q.pending[p.event.Namespace]; ns != nil && len(ns.events) >= q.perNamespace {
-		q.dropNewest(p.event.Namespace)
-	} else if q.count >= q.total {
+	if q.count >= q.total {
 		q.dropNewest(q.holdingMost())
 	}
 	q.put(p, true)

@@ -74,7 +74,7 @@ func startWriter(t *testing.T, s *sink) func(reason string) {
 	}
 	w := &eventWriter{
 		sink: s, retries: wait.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 1}, clock: clock.RealClock{},
-		queue: newEventQueue(eventsQueuedPerNamespace, eventsQueued), log: logr.Discard(),
+		queue: newEventQueue(eventsQueued), log: logr.Discard(),
 	}
 	recorder, stop, err := w.start(scheme, "berth")
 	if err != nil {
