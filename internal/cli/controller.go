@@ -58,6 +58,8 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&o.MetricsAddress, "metrics-bind-address", o.MetricsAddress, "address of the Prometheus metrics endpoint; 0 disables it")
 	f.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "serve metrics over HTTPS, only to bearer tokens the apiserver accepts and allows get on /metrics (ClusterRole berth-metrics-reader); false serves them to anyone over HTTP")
 	f.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir, "directory of the metrics' serving certificate, tls.crt and tls.key (a mounted kubernetes.io/tls Secret; reloaded when it changes); empty: a self-signed one made at start")
+	f.Float32Var(&o.MetricsReviewQPS, "metrics-review-qps", 2, "reviews per second (TokenReview, SubjectAccessReview) the metrics endpoint may ask of the apiserver for tokens it has not seen; past it such a scrape gets 429. Its own budget, apart from --kube-api-qps")
+	f.IntVar(&o.MetricsReviewBurst, "metrics-review-burst", 10, "reviews the metrics endpoint may ask at once above --metrics-review-qps")
 	f.StringVar(&o.HealthProbeAddress, "health-probe-bind-address", o.HealthProbeAddress, "address of /healthz and /readyz; 0 disables them")
 	f.StringVar(&o.PprofAddress, "pprof-bind-address", o.PprofAddress, "address of Go's profiler endpoints (/debug/pprof/), for finding where time and memory go; empty or 0 disables them")
 	f.BoolVar(&o.LeaderElection, "leader-elect", o.LeaderElection, "elect a leader, so that several replicas are safe")

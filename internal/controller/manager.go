@@ -73,6 +73,11 @@ type Options struct {
 	// gives a self-signed certificate made at start (controller-runtime's, which takes one from
 	// <tmp>/k8s-metrics-server/serving-certs instead if that holds one).
 	MetricsCertDir string
+	// MetricsReviewQPS and MetricsReviewBurst are the budget of TokenReviews and
+	// SubjectAccessReviews the metrics filter may make (zero: 2 a second, 10 at once); past it a
+	// scrape with a token not seen before is answered 429.
+	MetricsReviewQPS   float32
+	MetricsReviewBurst int
 	// UpstreamNamespace is where the controller berth replaces ran: its provision TaskRuns
 	// there are what the switch-over's adoption believes (see taskrun.Reconciler).
 	UpstreamNamespace string

@@ -48,7 +48,7 @@ func metricsOptions(o Options) (metricsserver.Options, error) {
 	}
 	m.SecureServing = true
 	m.CertDir = o.MetricsCertDir
-	m.FilterProvider = metricsAuthFilter
+	m.FilterProvider = metricsAuthFilter(o.MetricsReviewQPS, o.MetricsReviewBurst)
 	// HTTP/1.1 only, as the webhook: HTTP/2's stream handling has been a denial-of-service
 	// target (CVE-2023-44487), and Prometheus scrapes over HTTP/1.1.
 	m.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -40,10 +41,12 @@ import (
 // authorization once per allowTTL, a few reviews a minute for a handful of Prometheus
 // replicas. 2 reviews a second, 10 at once (a restart with every scraper arriving together),
 // is well above that and under half a percent of the controller's own QPS. So 2,000 made-up
-// tokens cost at most reviewBurst + reviewQPS × (seconds the flood lasts) reviews.
+// tokens cost at most burst + QPS × (seconds the flood lasts) reviews. These are the defaults of
+// --metrics-review-qps and --metrics-review-burst; an operator with many scrapers (or scrapers
+// that rotate tokens often) raises them.
 const (
-	reviewQPS   = 2
-	reviewBurst = 10
+	defaultReviewQPS   = 2
+	defaultReviewBurst = 10
 	// reviewTimeout is controller-runtime's TokenAccessReviewTimeout for its metrics filter.
 	reviewTimeout = 10 * time.Second
 )
@@ -61,14 +64,13 @@ const (
 	errorTTL = 10 * time.Second
 )
 
-// The error memos hold only what the budget let through: at most reviewBurst + reviewQPS × TTL
-// reviews fit in a TTL, so these sizes evict nothing in practice; they bound memory should the
-// budget ever change without them. A user's authorization is asked only for a token accepted
-// within tokenTTL, hence that window for users.
-const (
-	failedTokensSize = reviewBurst + reviewQPS*int(errorTTL/time.Second)
-	failedUsersSize  = reviewBurst + reviewQPS*int(tokenTTL/time.Second)
-)
+// memoSize is how many failed reviews a memo keeping them for ttl must hold: only what the
+// budget let through, at most burst + QPS × ttl, so the memos evict nothing in practice and
+// their memory is set by the operator's budget, never by a flood. A user's authorization is
+// asked only for a token accepted within tokenTTL, hence that window for users.
+func memoSize(qps float32, burst int, ttl time.Duration) int {
+	return burst + int(math.Ceil(float64(qps)*ttl.Seconds()))
+}
 
 // errLogInterval is how often the filter logs that reviews fail or the budget is spent: once is
 // enough to tell the operator, and a flood must not write a line per request.
@@ -83,14 +85,23 @@ var errReviewBudgetSpent = errors.New("the metrics filter's budget of reviews is
 // flood of made-up tokens costs: the reviews go through a client of their own with a small
 // budget that never queues, a token the apiserver refuses is answered 401 and remembered (not
 // taken for an error and logged), and a token or user whose review failed is remembered too, so
-// it is not reviewed again on every request. The manager's client is not used.
-func metricsAuthFilter(c *rest.Config, _ *http.Client) (metricsserver.Filter, error) {
-	return newMetricsAuth(c, flowcontrol.NewTokenBucketRateLimiter(reviewQPS, reviewBurst))
+// it is not reviewed again on every request. The manager's client is not used. qps and burst are
+// the budget of reviews (the defaults when zero or less).
+func metricsAuthFilter(qps float32, burst int) func(*rest.Config, *http.Client) (metricsserver.Filter, error) {
+	if qps <= 0 {
+		qps = defaultReviewQPS
+	}
+	if burst <= 0 {
+		burst = defaultReviewBurst
+	}
+	return func(c *rest.Config, _ *http.Client) (metricsserver.Filter, error) {
+		return newMetricsAuth(c, qps, burst)
+	}
 }
 
-func newMetricsAuth(c *rest.Config, budget flowcontrol.RateLimiter) (metricsserver.Filter, error) {
+func newMetricsAuth(c *rest.Config, qps float32, burst int) (metricsserver.Filter, error) {
 	cfg := rest.CopyConfig(c)
-	cfg.RateLimiter = nonBlocking{budget}
+	cfg.RateLimiter = nonBlocking{flowcontrol.NewTokenBucketRateLimiter(qps, burst)}
 	cfg.Timeout = reviewTimeout
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
@@ -125,8 +136,8 @@ func newMetricsAuth(c *rest.Config, budget flowcontrol.RateLimiter) (metricsserv
 		tokens:       tokencache.New(tokenReviewer{authn.TokenReviews()}, false, tokenTTL, tokenTTL),
 		authz:        authz,
 		key:          key,
-		failedTokens: utilcache.NewLRUExpireCache(failedTokensSize),
-		failedUsers:  utilcache.NewLRUExpireCache(failedUsersSize),
+		failedTokens: utilcache.NewLRUExpireCache(memoSize(qps, burst, errorTTL)),
+		failedUsers:  utilcache.NewLRUExpireCache(memoSize(qps, burst, tokenTTL)),
 	}
 	return a.filter, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -106,7 +107,7 @@ func randomToken(t *testing.T) string {
 }
 
 // A flood of made-up bearer tokens at /metrics, concurrent and in sequence, costs the apiserver
-// at most the review budget (reviewBurst + reviewQPS a second) and writes about one error line
+// at most the review budget (defaultReviewBurst + defaultReviewQPS a second) and writes about one error line
 // a minute; a token the apiserver cannot review is not asked about on every request; the
 // scraper keeps reading the metrics and a tenant's real token is refused; the manager's client
 // is never used.
@@ -189,11 +190,11 @@ func TestMetricsMadeUpTokensCostABoundedNumberOfReviews(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 
-	bound := int64(reviewBurst + reviewQPS*int(elapsed/time.Second+1))
+	bound := int64(defaultReviewBurst + defaultReviewQPS*int(elapsed/time.Second+1))
 	t.Logf("2,000 made-up tokens and %d other requests in %s: %d TokenReviews, %d SubjectAccessReviews, %d log lines",
 		22, elapsed.Round(time.Millisecond), api.tokenReviews.Load(), api.accessReviews.Load(), logLines.Load())
 	if n := api.reviews(); n > bound {
-		t.Errorf("%d reviews in %s, want at most %d (%d at once, %d a second)", n, elapsed.Round(time.Millisecond), bound, reviewBurst, reviewQPS)
+		t.Errorf("%d reviews in %s, want at most %d (%d at once, %d a second)", n, elapsed.Round(time.Millisecond), bound, defaultReviewBurst, defaultReviewQPS)
 	}
 	if n, most := logLines.Load(), int64(1+elapsed/errLogInterval); n > most {
 		t.Errorf("%d log lines in %s, want at most %d (one per %s)", n, elapsed.Round(time.Millisecond), most, errLogInterval)
@@ -208,5 +209,55 @@ func TestMetricsMadeUpTokensCostABoundedNumberOfReviews(t *testing.T) {
 	}
 	if n := manager.uses.Load(); n != 0 {
 		t.Errorf("the filter sent %d requests through the manager's client, want its own", n)
+	}
+}
+
+// The budget is the operator's (--metrics-review-qps, --metrics-review-burst): a smaller one
+// holds a flood of made-up tokens to it, and the scraper that came first still reads.
+func TestMetricsReviewBudgetIsTheOperators(t *testing.T) {
+	api := &fakeReviewer{t: t}
+	apiserver := httptest.NewServer(api)
+	defer apiserver.Close()
+	// One review a thousand seconds after a burst of three: the flood meets the burst only.
+	m, err := metricsOptions(Options{MetricsAddress: "127.0.0.1:0", MetricsSecure: true, MetricsReviewQPS: 0.001, MetricsReviewBurst: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter, err := m.FilterProvider(&rest.Config{Host: apiserver.URL}, &http.Client{Transport: &countingTransport{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler, err := filter(logr.Discard(), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "berth_build_info 1\n")
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := httptest.NewServer(handler)
+	defer metrics.Close()
+	scrape := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, metrics.URL+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := metrics.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := scrape(scraperToken); code != http.StatusOK {
+		t.Fatalf("the scraper's token got %d, want 200", code)
+	}
+	for range 200 {
+		if code := scrape(randomToken(t)); code != http.StatusUnauthorized && code != http.StatusTooManyRequests {
+			t.Fatalf("a made-up token got %d, want 401 or 429", code)
+		}
+	}
+	if n := api.reviews(); n > 3 {
+		t.Errorf("200 made-up tokens made %d reviews with a budget of 3 at once and one in 1,000 s; want at most 3", n)
+	}
+	if code := scrape(scraperToken); code != http.StatusOK {
+		t.Errorf("after the flood the scraper's token got %d, want 200", code)
 	}
 }
