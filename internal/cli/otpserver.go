@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/kubescheme"
 	"github.com/berth-ci/berth/internal/otp/keyserver"
 	"github.com/berth-ci/berth/internal/version"
@@ -45,7 +46,11 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 			}
 			cfg.QPS, cfg.Burst = qps, burst
 			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-				Scheme:                        kubescheme.New(),
+				Scheme: kubescheme.New(),
+				// The records and TaskRuns, cut as the controller cuts them, only to tell the
+				// attempt a retried task is in (keyserver.Attempts): a replay of its redeemed
+				// token is then refused from memory. Listed at the first such redemption.
+				Cache:                         taskrun.CacheOptions(store.Namespace),
 				Metrics:                       metricsserver.Options{BindAddress: metricsAddress},
 				HealthProbeBindAddress:        healthAddress,
 				LeaderElection:                leaderElect,
@@ -59,6 +64,7 @@ POST /store-key. The controller can serve the same endpoints itself (--otp-bind-
 			if store.Client, err = client.New(cfg, client.Options{Scheme: mgr.GetScheme()}); err != nil {
 				return err
 			}
+			store.Attempts = taskrun.CachedAttempts{Cache: mgr.GetCache(), Namespace: store.Namespace}
 			if err := keyserver.Serve(mgr, &store, serve); err != nil {
 				return err
 			}

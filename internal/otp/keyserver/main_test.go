@@ -305,3 +305,18 @@ func eventually(t *testing.T, what string, cond func() (bool, error)) {
 		t.Fatalf("never: %s (last error: %v)", what, last)
 	}
 }
+
+// replaysRefused reads berth_otp_replays_refused_total.
+func replaysRefused(t *testing.T) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "berth_otp_replays_refused_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}

@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -235,3 +237,56 @@ func servedCertificate(t *testing.T, s *server) []byte {
 }
 
 func sshSigner(key []byte) (ssh.Signer, error) { return ssh.ParsePrivateKey(key) }
+
+// `berth otp-server` alone knows the attempt a retried task is in from a cache of its own, as
+// the key server in the controller does from the controller's: once that cache has listed,
+// replays of a token redeemed in the attempt are refused without asking the apiserver.
+func TestOTPServerAloneRefusesReplaysFromMemory(t *testing.T) {
+	dir, ca := certDir(t)
+	s := runOTPServerCommand(t, dir, ca)
+	k := newRetriedTask(t, 2)
+	startAttempt(t, k, 1, time.Now())
+	key := privateKey(t)
+	tok, err := newStore(t).Put(context.Background(), key, k.binding(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "berth otp-server's index knows the key", func() (bool, error) {
+		status, body, err := s.try(http.MethodPost, "/otp", tok.String())
+		if err == nil && status == http.StatusOK && body != string(key) {
+			t.Fatalf("redeemed %q, not the key", body)
+		}
+		return status == http.StatusOK, err
+	})
+	// Replays come from fifty addresses in turn, so that none meets its address's rate.
+	sent := 0
+	replay := func() (int, string) {
+		c := from(ca, fmt.Sprintf("127.0.0.%d", 20+sent%50))
+		sent++
+		resp, err := c.Post(s.url+"/otp", "application/x-www-form-urlencoded", strings.NewReader(tok.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	// The first replay lists the records and TaskRuns; until they are listed, a replay is
+	// judged by the apiserver (and refused all the same).
+	eventually(t, "a replay is refused from memory", func() (bool, error) {
+		before := replaysRefused(t)
+		if status, _ := replay(); status != http.StatusNotFound {
+			t.Fatalf("a replay got %d, want 404", status)
+		}
+		return replaysRefused(t) > before, nil
+	})
+	before := replaysRefused(t)
+	for range 50 {
+		if status, body := replay(); status != http.StatusNotFound || body != keyserver.ErrUnknown.Error() {
+			t.Fatalf("a replay: %d %q; want 404 and the message for a used token", status, body)
+		}
+	}
+	if n := replaysRefused(t) - before; n != 50 {
+		t.Fatalf("%v of 50 replays were refused from memory; want all", n)
+	}
+}
