@@ -78,7 +78,7 @@ func WriteResourceGroups(w io.Writer, quotas []ImpliedQuota, source, flavorPrefi
 	}
 	ew := &errWriter{w: w}
 	ew.printf("# Kueue quotas that match %s: one unit per task a platform runs at once.\n", source)
-	ew.printf("# Printed by berth config kueue-quotas, for spec of the ClusterQueue tekton-kueue admits into.\n")
+	ew.printf("# Printed by berth config kueue-quotas: merge into spec.resourceGroups of the ClusterQueue tekton-kueue admits into.\n")
 	ew.printf("resourceGroups:\n")
 	for start, n := 0, 1; start < len(platforms); start, n = start+groupSize, n+1 {
 		group := platforms[start:min(start+groupSize, len(platforms))]
