@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-ci/berth/internal/config"
+	"github.com/berth-ci/berth/internal/config/kueue"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/kubescheme"
 )
@@ -29,7 +30,7 @@ func newConfigCommand() *cobra.Command {
 		Use:   "config",
 		Short: "Work with the host-config ConfigMap",
 	}
-	cmd.AddCommand(newConfigValidateCommand())
+	cmd.AddCommand(newConfigValidateCommand(), newConfigKueueQuotasCommand())
 	return cmd
 }
 
@@ -37,6 +38,7 @@ func newConfigValidateCommand() *cobra.Command {
 	var (
 		file, namespace, kubeconfig string
 		asJSON, strict              bool
+		queue                       kueueSource
 	)
 	cmd := &cobra.Command{
 		Use:   "validate",
@@ -54,32 +56,29 @@ the secrets the config names exist and hold the keys berth needs.
 [{"key", "severity", "message"}]}], "problems": [...]} with the problems of the file as a
 whole at the top.
 
+With --kueue FILE (a ClusterQueue, alone or among other documents) or --kueue-live (the
+ClusterQueue --cluster-queue, default ` + defaultClusterQueue + `, read through your kubeconfig)
+it also holds the queue's nominal quotas against the capacity the config gives each platform,
+resource by resource as tekton-kueue asks for them (linux/arm64 → linux-arm64), and aws-ip
+against the tasks of every platform tekton-kueue charges one. Each disagreement is a warning
+that says what it costs; --json adds them under "kueue". berth config kueue-quotas prints the
+quotas that would agree.
+
 It exits 0 when every listed platform is usable, and 1 when one is not, when a global setting
 cannot be used, or when the file is unusable as a whole. --strict also exits 1 on any error,
-such as a static host left out of a pool that other hosts still serve.`,
+such as a static host left out of a pool that other hosts still serve, and on any
+disagreement with the ClusterQueue.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			queue.kubeconfig = kubeconfig
 			var (
-				cm       *corev1.ConfigMap
-				extra    config.Problems
-				source   string
-				err      error
-				ctx      = cmd.Context()
-				liveRead client.Reader
+				extra config.Problems
+				ctx   = cmd.Context()
 			)
-			if file != "" {
-				cm, err = readConfigMapFile(file)
-				source = file
-			} else {
-				liveRead, err = kubeClient(kubeconfig)
-				if err == nil {
-					cm, err = liveConfigMap(ctx, liveRead, namespace)
-					source = "configmap " + namespace + "/"
-					if cm != nil {
-						source += cm.Name
-					}
-				}
+			if queue.file != "" && queue.live {
+				return errors.New("--kueue and --kueue-live both name a ClusterQueue: give one")
 			}
+			cm, source, liveRead, err := readConfigMapFrom(ctx, file, namespace, kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -92,6 +91,13 @@ such as a static host left out of a pool that other hosts still serve.`,
 				extra = append(extra, hostconfig.MissingSecrets(ctx, liveRead, namespace, cfg)...)
 			}
 			v := judge(cfg, extra)
+			if queue.wanted() {
+				q, qSource, err := queue.read(ctx)
+				if err != nil {
+					return err
+				}
+				v.doc.Kueue = kueueDocOf(kueue.Compare(q, kueue.Capacities(cfg)), qSource)
+			}
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
@@ -100,6 +106,9 @@ such as a static host left out of a pool that other hosts still serve.`,
 				}
 			} else {
 				v.print(cmd.OutOrStdout(), source)
+				if v.doc.Kueue != nil {
+					v.doc.Kueue.print(cmd.OutOrStdout())
+				}
 			}
 			return v.exit(source, strict)
 		},
@@ -108,7 +117,10 @@ such as a static host left out of a pool that other hosts still serve.`,
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", defaultNamespace(), "the controller's namespace, for the live ConfigMap")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the verdict as JSON")
-	cmd.Flags().BoolVar(&strict, "strict", false, "exit 1 on any error, also one that leaves a usable platform's host out")
+	cmd.Flags().BoolVar(&strict, "strict", false, "exit 1 on any error, also one that leaves a usable platform's host out, and on any disagreement with the Kueue ClusterQueue")
+	cmd.Flags().StringVar(&queue.file, "kueue", "", "also hold the config against the Kueue ClusterQueue in this YAML file (one or more documents)")
+	cmd.Flags().BoolVar(&queue.live, "kueue-live", false, "also hold the config against the live Kueue ClusterQueue (--cluster-queue), via kubeconfig")
+	cmd.Flags().StringVar(&queue.name, "cluster-queue", "", "the ClusterQueue to compare: needed when --kueue's file holds several; for --kueue-live default "+defaultClusterQueue)
 	return cmd
 }
 
@@ -126,6 +138,8 @@ type verdict struct {
 type validateDoc struct {
 	Platforms []platformDoc `json:"platforms"`
 	Problems  []problemDoc  `json:"problems"`
+	// Kueue is set with --kueue or --kueue-live.
+	Kueue *kueueDoc `json:"kueue,omitempty"`
 }
 
 type platformDoc struct {
@@ -227,8 +241,33 @@ func (v verdict) exit(source string, strict bool) error {
 		return fmt.Errorf("%w: %s: %d platform(s) unusable", errInvalidConfig, source, v.unusable)
 	case strict && v.all.HasErrors():
 		return fmt.Errorf("%w: %s: %d error(s) (--strict)", errInvalidConfig, source, len(v.all.Errors()))
+	case strict && v.doc.Kueue != nil && v.doc.Kueue.Disagreements > 0:
+		return fmt.Errorf("%w: %s: %d disagreement(s) with %s (--strict)", errInvalidConfig, source, v.doc.Kueue.Disagreements, v.doc.Kueue.Source)
 	}
 	return nil
+}
+
+// readConfigMapFrom reads the ConfigMap from file, or when file is empty the live one of
+// namespace; it returns the client it read through then, for checks of the live cluster.
+func readConfigMapFrom(ctx context.Context, file, namespace, kubeconfig string) (*corev1.ConfigMap, string, client.Reader, error) {
+	if file != "" {
+		cm, err := readConfigMapFile(file)
+		return cm, file, nil, err
+	}
+	c, err := kubeClient(kubeconfig)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	cm, err := liveConfigMap(ctx, c, namespace)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return cm, "configmap " + namespace + "/" + cm.Name, c, nil
+}
+
+func readConfigMap(ctx context.Context, file, namespace, kubeconfig string) (*corev1.ConfigMap, string, error) {
+	cm, source, _, err := readConfigMapFrom(ctx, file, namespace, kubeconfig)
+	return cm, source, err
 }
 
 // readConfigMapFile reads the one ConfigMap in a YAML (or JSON) file of one or more documents.

@@ -25,13 +25,14 @@ import (
 var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	// The real services' CRDs, for the cluster steps' tests.
+	// The real services' CRDs, for the cluster steps' tests; a stand-in for Kueue's
+	// ClusterQueue, for validate --kueue-live.
 	crds, err := realdata.CRDDir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		os.Exit(1)
 	}
-	code := controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithCRDs(crds)})
+	code := controlplane.RunTestsWith(m, &cp, []controlplane.Option{controlplane.WithCRDs(crds), controlplane.WithCRDObjects(clusterQueueCRD())})
 	sshhosts.CloseShared()
 	os.Exit(code)
 }
