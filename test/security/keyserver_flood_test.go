@@ -85,10 +85,18 @@ func TestKeyServerHoldsUnderAFlood(t *testing.T) {
 	var tasksDone atomic.Bool
 	flood := startFlood(t, flooder.Name, floodURL, ca, &tasksDone)
 
+	// The first task is one Tekton may retry (a pipeline task with retries: 2): its key is
+	// kept after its redemption, for the next attempt, and its second redemption is a replay
+	// in the attempt that redeemed it.
 	var trs []*pipelinev1.TaskRun
 	for i := range realTasks {
-		trs = append(trs, tn.create(t, floodedTaskRun(tn.ns, fmt.Sprintf("build-%d", i))))
+		tr := floodedTaskRun(tn.ns, fmt.Sprintf("build-%d", i))
+		if i == 0 {
+			tr.Spec.Retries = 2
+		}
+		trs = append(trs, tn.create(t, tr))
 	}
+	retried := ""
 	realNames := map[string]string{}
 	for _, tr := range trs {
 		secret := secretOf(t, tr)
@@ -100,6 +108,9 @@ func TestKeyServerHoldsUnderAFlood(t *testing.T) {
 			t.Fatalf("%s: the secret's token: %v", tr.Name, err)
 		}
 		realNames[tok.Name()] = tr.Name
+		if tr.Spec.Retries > 0 {
+			retried = tok.Name()
+		}
 	}
 	for _, tr := range trs {
 		eventually(t, tr.Name+" finishes", func() (bool, error) { return get(t, tr).IsDone(), nil })
@@ -129,8 +140,12 @@ func TestKeyServerHoldsUnderAFlood(t *testing.T) {
 	for _, tok := range sent {
 		floodNames[tok.Name()] = true
 	}
+	// The retried task's key is claimed by an update and kept; the replay after it must be
+	// refused from memory: no read of that key between the claim and its deletion at the
+	// task's end.
 	seen := map[string]bool{}
 	var asked []string
+	claimed, everClaimed, replayReads := false, false, 0
 	if err := controlplane.ReadAuditLog(keyAuditLog, func(ev *auditv1.Event) {
 		ref := ev.ObjectRef
 		if ref == nil || ref.Resource != "secrets" || ref.Namespace != devstack.Namespace {
@@ -142,11 +157,27 @@ func TestKeyServerHoldsUnderAFlood(t *testing.T) {
 		if _, ok := realNames[ref.Name]; ok && ev.Verb == "get" {
 			seen[ref.Name] = true
 		}
+		if ref.Name == retried && ev.Stage == auditv1.StageResponseComplete {
+			switch {
+			case ev.Verb == "update":
+				claimed, everClaimed = true, true
+			case ev.Verb == "delete":
+				claimed = false
+			case ev.Verb == "get" && claimed:
+				replayReads++
+			}
+		}
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if len(asked) > 0 {
 		t.Errorf("the apiserver was asked %d times about the flood's tokens, e.g. %s", len(asked), asked[0])
+	}
+	if !everClaimed {
+		t.Error("the retried task's key was never claimed by an update: it was not kept for a next attempt, so its replay proves nothing")
+	}
+	if replayReads > 0 {
+		t.Errorf("the retried task's replay in the attempt that redeemed its key cost %d reads of the key", replayReads)
 	}
 	for name, task := range realNames {
 		if !seen[name] {
