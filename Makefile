@@ -51,7 +51,8 @@ image: prereqs
 ## release: this version's install file and image into DIST: berth-<version>.oci.tar, the image
 ## as an OCI archive; berth-<version>.yaml, config/release in one file with every image pinned
 ## as <repository>:<version>@<the archive's manifest digest> (hack/release); and
-## berth-<version>-cluster-tasks.yaml, the tenants' ephemeral-cluster Tasks pinned to that image.
+## berth-<version>-cluster-tasks.yaml, the tenants' ephemeral-cluster Tasks pinned to that image;
+## berth-<version>-konflux.yaml, config/konflux (the Konflux layout) pinned likewise.
 ## Publish the image with `podman push $(IMG)` from the same machine (docs/install.md#release).
 DIST ?= dist
 .PHONY: release
@@ -59,7 +60,7 @@ release: image
 	@mkdir -p $(DIST)
 	@rm -f $(DIST)/berth-$(VERSION).oci.tar
 	@podman save --quiet --format oci-archive --output $(DIST)/berth-$(VERSION).oci.tar $(IMG)
-	@$(GO) run ./hack/release --image $(IMG) --archive $(DIST)/berth-$(VERSION).oci.tar --output $(DIST)/berth-$(VERSION).yaml --cluster-tasks-output $(DIST)/berth-$(VERSION)-cluster-tasks.yaml
+	@$(GO) run ./hack/release --image $(IMG) --archive $(DIST)/berth-$(VERSION).oci.tar --output $(DIST)/berth-$(VERSION).yaml --cluster-tasks-output $(DIST)/berth-$(VERSION)-cluster-tasks.yaml --konflux-output $(DIST)/berth-$(VERSION)-konflux.yaml
 
 ## generate: deep-copy code and CRDs of berth's records (api/v1alpha1 → config/crd/bases)
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.1

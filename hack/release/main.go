@@ -1,5 +1,5 @@
-// Command release writes berth's install file: the kustomization config/release rendered into
-// one file, in the order kubectl applies it, with berth's image pinned by its version and by the
+// Command release writes berth's install files: the kustomization config/release rendered into
+// one file (and config/konflux, the Konflux layout, into a second), in the order kubectl applies it, with berth's image pinned by its version and by the
 // manifest digest of the image archive `make release` saved beside it. `make release` runs it
 // (go run ./hack/release); docs/install.md#release says what it makes.
 package main
@@ -28,19 +28,20 @@ func main() {
 	archive := flag.String("archive", "", "the image as an OCI archive (podman save --format oci-archive)")
 	output := flag.String("output", "", "the install file to write")
 	clusterTasks := flag.String("cluster-tasks-output", "", "where to write the tenants' ephemeral-cluster Tasks (config/tasks/cluster), their image param pinned")
+	konflux := flag.String("konflux-output", "", "where to write the Konflux layout's install file (config/konflux)")
 	config := flag.String("config", "config/release", "the kustomization to render")
 	flag.Parse()
-	if *image == "" || *archive == "" || *output == "" || *clusterTasks == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: release --image <repository>:<version> --archive <file>.oci.tar --output <file>.yaml --cluster-tasks-output <file>.yaml [--config <dir>]")
+	if *image == "" || *archive == "" || *output == "" || *clusterTasks == "" || *konflux == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: release --image <repository>:<version> --archive <file>.oci.tar --output <file>.yaml --cluster-tasks-output <file>.yaml --konflux-output <file>.yaml [--config <dir>]")
 		os.Exit(2)
 	}
-	if err := run(*image, *archive, *output, *clusterTasks, *config); err != nil {
+	if err := run(*image, *archive, *output, *clusterTasks, *konflux, *config); err != nil {
 		fmt.Fprintf(os.Stderr, "release: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(image, archive, output, clusterTasks, config string) error {
+func run(image, archive, output, clusterTasks, konflux, config string) error {
 	repository, version, err := splitImage(image)
 	if err != nil {
 		return err
@@ -70,9 +71,23 @@ func run(image, archive, output, clusterTasks, config string) error {
 	if err := writeFile(clusterTasks, append([]byte(tasksHeader), tasks...)); err != nil {
 		return err
 	}
-	fmt.Printf("image archive  %s\ninstall file   %s\ncluster tasks  %s\nimage          %s:%s@%s\n", archive, output, clusterTasks, repository, version, digest)
+	layout, err := render(konfluxDir, pinned)
+	if err != nil {
+		return err
+	}
+	konfluxHeader := fmt.Sprintf("# berth %s installed as Konflux installs the multi-platform controller (config/konflux):\n"+
+		"# namespace multi-platform-controller, OpenShift's service CA. Needs Tekton Pipelines; then:\n"+
+		"#   kubectl apply --server-side -f %s\n"+
+		"# Image: %s:%s@%s\n", version, filepath.Base(konflux), repository, version, digest)
+	if err := writeFile(konflux, append([]byte(konfluxHeader), layout...)); err != nil {
+		return err
+	}
+	fmt.Printf("image archive  %s\ninstall file   %s\ncluster tasks  %s\nkonflux file   %s\nimage          %s:%s@%s\n", archive, output, clusterTasks, konflux, repository, version, digest)
 	return nil
 }
+
+// konfluxDir is the Konflux layout, the release's second install file (docs/migrate-from-mpc.md).
+const konfluxDir = "config/konflux"
 
 // clusterTasksDir holds the Tasks tenants install in their own namespaces. Their steps run the
 // image their param image names, so kustomize's images entry, which rewrites image fields, does

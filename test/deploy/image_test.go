@@ -108,7 +108,7 @@ func TestImageRunsTheShippedCommands(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, help)
 	}
-	containers := berthContainers(t, append(render(t, defaultDir), render(t, clusterTasks)...))
+	containers := berthContainers(t, append(append(render(t, defaultDir), render(t, clusterTasks)...), konfluxOnly(t)...))
 	for _, c := range containers {
 		sub, _ := c.commandLine()
 		if len(sub) > 0 && !regexp.MustCompile(`(?m)^\s+`+regexp.QuoteMeta(sub[0])+`\s`).MatchString(help) {

@@ -238,7 +238,7 @@ func (c berthContainer) commandLine() (subcommands, flags []string) {
 func TestManifestsRunTheImageMakeImageBuilds(t *testing.T) {
 	want := makeImageRepository(t)
 	var containers []berthContainer
-	for _, dir := range []string{defaultDir, clusterTasks} {
+	for _, dir := range []string{defaultDir, clusterTasks, konfluxDir} {
 		containers = append(containers, berthContainers(t, render(t, dir))...)
 	}
 	if len(containers) == 0 {

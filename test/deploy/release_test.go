@@ -64,6 +64,7 @@ func TestReleaseInstallsOnARealAPIServer(t *testing.T) {
 	checkInstalled(t, cp, objs, want)
 	checkCertificatesIssued(t, objs)
 	checkClusterTasks(t, cp, rel.clusterTasks, want)
+	checkKonfluxFile(t, rel.konflux, want)
 	serveOnEachStrategy(t, cp, objs)
 }
 
@@ -117,6 +118,7 @@ func checkClusterTasks(t *testing.T, cp *controlplane.ControlPlane, path, want s
 type release struct {
 	version, digest, image      string // the image as the install file pins it
 	archive, file, clusterTasks string
+	konflux                     string // the Konflux layout's install file
 }
 
 // makeRelease runs `make release` into a temporary DIST, as a release is made, and reads what it
@@ -134,7 +136,7 @@ func makeRelease(t *testing.T) release {
 	}
 	printed := map[string]string{}
 	for _, line := range strings.Split(stdout.String(), "\n") {
-		for _, key := range []string{"image archive", "install file", "cluster tasks", "image"} {
+		for _, key := range []string{"image archive", "install file", "cluster tasks", "konflux file", "image"} {
 			if v, ok := strings.CutPrefix(line, key+" "); ok && printed[key] == "" {
 				printed[key] = strings.TrimSpace(v)
 				break
@@ -142,10 +144,10 @@ func makeRelease(t *testing.T) release {
 		}
 	}
 	var r release
-	r.archive, r.file, r.clusterTasks, r.image = printed["image archive"], printed["install file"], printed["cluster tasks"], printed["image"]
+	r.archive, r.file, r.clusterTasks, r.konflux, r.image = printed["image archive"], printed["install file"], printed["cluster tasks"], printed["konflux file"], printed["image"]
 	m := regexp.MustCompile(`^(.+):([^:/@]+)@(sha256:[0-9a-f]{64})$`).FindStringSubmatch(r.image)
-	if m == nil || r.archive == "" || r.file == "" || r.clusterTasks == "" {
-		t.Fatalf("make release printed no archive, file, cluster Tasks and pinned image:\n%s", stdout.String())
+	if m == nil || r.archive == "" || r.file == "" || r.clusterTasks == "" || r.konflux == "" {
+		t.Fatalf("make release printed no archive, file, cluster Tasks, Konflux file and pinned image:\n%s", stdout.String())
 	}
 	r.version, r.digest = m[2], m[3]
 	t.Cleanup(func() {
@@ -156,7 +158,7 @@ func makeRelease(t *testing.T) release {
 	})
 	t.Logf("make release: %s, %s, %s", r.archive, r.file, r.image)
 
-	// The version is what git says this checkout is; the three files are named after it and are
+	// The version is what git says this checkout is; the four files are named after it and are
 	// all that DIST holds.
 	describe, err := exec.Command("git", "-C", repoRoot(t), "describe", "--tags", "--always", "--dirty").Output()
 	if err != nil {
@@ -165,8 +167,8 @@ func makeRelease(t *testing.T) release {
 	if got := strings.TrimSpace(string(describe)); r.version != got {
 		t.Errorf("make release made version %s; git describe --tags --always --dirty says %s", r.version, got)
 	}
-	wantFiles := []string{"berth-" + r.version + "-cluster-tasks.yaml", "berth-" + r.version + ".oci.tar", "berth-" + r.version + ".yaml"}
-	for i, path := range []string{r.clusterTasks, r.archive, r.file} {
+	wantFiles := []string{"berth-" + r.version + "-cluster-tasks.yaml", "berth-" + r.version + "-konflux.yaml", "berth-" + r.version + ".oci.tar", "berth-" + r.version + ".yaml"}
+	for i, path := range []string{r.clusterTasks, r.konflux, r.archive, r.file} {
 		if filepath.Dir(path) != dist || filepath.Base(path) != wantFiles[i] {
 			t.Errorf("make release wrote %s, want %s", path, filepath.Join(dist, wantFiles[i]))
 		}
