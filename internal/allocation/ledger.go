@@ -334,6 +334,49 @@ func (l *Ledger) Waiting() map[string]int {
 	return out
 }
 
+// NamespaceCount is how many of one namespace's tasks hold a slot of one platform's hosts and
+// wait for one.
+type NamespaceCount struct {
+	Platform, Namespace string
+	Holding, Waiting    int
+}
+
+// ByNamespace counts tasks per platform and namespace; a holder for which skip is true is not
+// counted (nil: every one). A pair with no task is absent. It walks the holders (at most the
+// slots in service) and the waiting namespaces, never the waiters one by one.
+func (l *Ledger) ByNamespace(skip func(Task) bool) []NamespaceCount {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	type key struct{ platform, namespace string }
+	at := map[key]int{}
+	var out []NamespaceCount
+	count := func(platform, namespace string) *NamespaceCount {
+		k := key{platform, namespace}
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, NamespaceCount{Platform: platform, Namespace: namespace})
+		}
+		return &out[i]
+	}
+	for t, host := range l.holders {
+		s := l.hosts[host]
+		if s == nil || (skip != nil && skip(t)) {
+			continue
+		}
+		count(s.Platform, t.Namespace).Holding++
+	}
+	for name, p := range l.platforms {
+		for namespace, q := range p.queues {
+			if n := q.waiters.Len(); n > 0 {
+				count(name, namespace).Waiting += n
+			}
+		}
+	}
+	return out
+}
+
 // Usage reports every host's occupancy, sorted by name.
 func (l *Ledger) Usage() []Usage {
 	l.mu.Lock()

@@ -24,6 +24,7 @@ import (
 
 	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/warning"
 )
 
@@ -192,6 +193,7 @@ func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems conf
 		}
 		platformUsable.WithLabelValues(string(r.Platform)).Set(value)
 	}
+	konfluxmetrics.ServePlatforms(konfluxmetrics.PoolSizes(cfg.Report()))
 	if len(unusable) > 0 {
 		warning.Log(log, "platforms cannot be served; their tasks fail with an error secret", "platforms", unusable, "problems", unusableProblems.Summary())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonPlatformUnusable, "Validate", "%s", truncate(fmt.Sprintf(

@@ -1,12 +1,14 @@
 package capacity
 
 import (
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 )
 
 func init() { metrics.Registry.MustRegister(occupancy) }
@@ -35,6 +37,7 @@ func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{waitingDesc, runningDesc, usedDesc, capacityDesc, quarantinedDesc} {
 		ch <- d
 	}
+	konfluxmetrics.DescribeTasks(ch)
 }
 
 func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -62,4 +65,11 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	for p, n := range l.Waiting() {
 		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), p)
 	}
+	// Konflux's running_tasks counts TaskRuns that hold a host, as upstream's did; a slot held
+	// for a clean still owed is no task's.
+	for _, n := range l.ByNamespace(isDebt) {
+		konfluxmetrics.Tasks(ch, n.Platform, n.Namespace, n.Holding, n.Waiting)
+	}
 }
+
+func isDebt(t allocation.Task) bool { return strings.HasPrefix(t.Name, DebtPrefix) }

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 )
 
 // trouble is a platform's launch failing. Its ref stays the same from the first failure
@@ -79,6 +80,7 @@ func (ts *troubles) note(platform string, err error) incident.Ref {
 	ts.byPlatform[platform] = t
 	ts.mu.Unlock()
 	launches.WithLabelValues(platform, t.kind.String()).Inc()
+	konfluxmetrics.HostAllocationFailures(platform).Inc()
 	ts.capacity.WakeWaiters(platform)
 	return t.ref
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/warning"
 )
 
@@ -197,13 +198,13 @@ func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	case err != nil && overdue:
 		// A cloud that keeps failing to answer must not keep the VM, and its place under
 		// max-instances, booting for good.
-		return v.startTerminating(ctx, rec, fmt.Sprintf("the cloud did not tell its state within the allocation timeout (%s): %v", limit, err))
+		return v.bootFailed(ctx, rec, fmt.Sprintf("the cloud did not tell its state within the allocation timeout (%s): %v", limit, err))
 	case err != nil:
 		return reconcile.Result{RequeueAfter: backoff(1, cloud.RetryAfterOf(err))}, nil
 	}
 	if inst.State != cloud.StateRunning || inst.Address == "" {
 		if overdue {
-			return v.startTerminating(ctx, rec, fmt.Sprintf("it did not start within the allocation timeout (%s)", limit))
+			return v.bootFailed(ctx, rec, fmt.Sprintf("it did not start within the allocation timeout (%s)", limit))
 		}
 		return reconcile.Result{RequeueAfter: interval}, nil
 	}
@@ -212,7 +213,7 @@ func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	key, err := v.prober.FirstContact(ctx, loginOf(probe))
 	if err != nil {
 		if overdue {
-			return v.startTerminating(ctx, rec, fmt.Sprintf("berth could not log in within the allocation timeout (%s): %v", limit, err))
+			return v.bootFailed(ctx, rec, fmt.Sprintf("berth could not log in within the allocation timeout (%s): %v", limit, err))
 		}
 		next := rec.DeepCopy()
 		next.Status.Instance.Message = "waiting for SSH: " + err.Error()
@@ -232,6 +233,20 @@ func (v *vmLoop) boot(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Re
 	bootSeconds.WithLabelValues(in.Platform).Observe(next.Status.Instance.ReadyAt.Sub(launched).Seconds())
 	v.event(next, corev1.EventTypeNormal, "Ready", "instance %s at %s is ready for platform %s", st.ID, inst.Address, in.Platform)
 	return v.ready(ctx, next)
+}
+
+// bootFailed ends a VM that did not come up within the platform's allocation timeout. It is
+// counted once, when the decision is recorded: a pass that finds it recorded already goes to
+// startTerminating at the top of boot, not here.
+func (v *vmLoop) bootFailed(ctx context.Context, rec *berthv1.BuildHost, why string) (reconcile.Result, error) {
+	next := rec.DeepCopy()
+	next.Spec.Instance.Retire = why
+	if err := v.client.Update(ctx, next); err != nil {
+		return reconcile.Result{}, err
+	}
+	next.Status = *rec.Status.DeepCopy() // the update answers with the stored status
+	konfluxmetrics.ProvisioningFailed(rec.Spec.Instance.Platform)
+	return v.startTerminating(ctx, next, why)
 }
 
 // relaunch gives up on an instance the cloud lost and launches anew under a new token. The

@@ -13,6 +13,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/controller/capacity"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/provision"
 )
 
@@ -83,6 +84,7 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 	if len(failures) > 0 {
 		host := failures[0].debt.Host
 		cleanFailures.WithLabelValues(host).Inc()
+		konfluxmetrics.CleanupFailed(rec.Spec.Platform)
 		tellRecord(ctx, ds.recorder, rec, host, corev1.EventTypeWarning, "CleanFailed", "%s; retrying in %s", next.Status.Message, retry)
 	}
 	if ds.cleans != nil {

@@ -12,6 +12,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 )
 
 // finish cleans up after a task that ended or is being deleted, in an order that survives a
@@ -26,16 +27,24 @@ func (f *finishPhase) finish(ctx context.Context, tr *pipelinev1.TaskRun, rec *b
 			return reconcile.Result{}, err
 		}
 	} else {
+		var released bool
 		var err error
-		if rec, err = f.endRecord(ctx, rec); err != nil {
+		rec, released, err = f.endRecord(ctx, rec)
+		// Observed on the pass that moved the task's slot to its clean, the one pass of the
+		// task's end that the ledger tells apart: the record is saved as Cleaning only later,
+		// so every pass until then (the clean's own end, its retries) looks like the first.
+		if released && tr.Status.CompletionTime != nil {
+			if tr.Status.StartTime != nil {
+				taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
+			}
+			konfluxmetrics.Completed(rec.Spec.Platform, tr.Status.CompletionTime.Sub(tr.CreationTimestamp.Time))
+		}
+		if err != nil {
 			return reconcile.Result{}, err
 		}
 	}
 	if _, err := f.mirror.sync(ctx, tr, nil); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
-	}
-	if rec != nil && tr.Status.CompletionTime != nil && tr.Status.StartTime != nil && rec.Status.ReservedAt != nil {
-		taskSeconds.WithLabelValues(rec.Spec.Platform).Observe(tr.Status.CompletionTime.Sub(tr.Status.StartTime.Time).Seconds())
 	}
 	if rec == nil {
 		// What berth last wrote on the TaskRun is kept until its record is gone: the passes in
@@ -63,12 +72,13 @@ func (f *finishPhase) releaseUnrecorded(task allocation.Task) error {
 // written only when a debt outlives this pass (a clean that failed, see settleDebts). Until
 // then the record in the apiserver still names the user as held, which is the same debt to
 // the next pass or the next start, since the TaskRun it was held for has ended. A record in
-// Cleaning was written so and is returned as it is.
-func (f *finishPhase) endRecord(ctx context.Context, rec *berthv1.Allocation) (*berthv1.Allocation, error) {
+// Cleaning was written so and is returned as it is. released tells that this pass moved the
+// task's own slot to its clean.
+func (f *finishPhase) endRecord(ctx context.Context, rec *berthv1.Allocation) (next *berthv1.Allocation, released bool, err error) {
 	if rec.Status.Phase == berthv1.PhaseCleaning {
-		return rec, nil
+		return rec, false, nil
 	}
-	next := rec.DeepCopy()
+	next = rec.DeepCopy()
 	held := rec.Status.Login != nil && (rec.Status.Phase == berthv1.PhaseProvisioning || rec.Status.Phase == berthv1.PhaseReady)
 	if held {
 		next.Status.Debts = append(next.Status.Debts, berthv1.Debt{HostLogin: *rec.Status.Login, BuildUser: rec.Status.BuildUser, HoldsSlot: true})
@@ -79,7 +89,7 @@ func (f *finishPhase) endRecord(ctx context.Context, rec *berthv1.Allocation) (*
 	// The first pass moves the slot over; a later one (the clean still running) finds it moved.
 	first := !held
 	if held && f.capacity.Transfer(task, debtTask(next, rec.Status.BuildUser)) {
-		first = true
+		first, released = true, true
 		f.keyring.pending.Delete(keyID(rec))
 		f.keyring.handed.Delete(keyID(rec))
 		step(ctx, task.String(), rec.Spec.Platform, rec.Status.Login.Host, "HostReleased", "task %s ended; removing build user %s from host %s before its slot is freed",
@@ -87,16 +97,16 @@ func (f *finishPhase) endRecord(ctx context.Context, rec *berthv1.Allocation) (*
 	}
 	f.capacity.Release(task)
 	if !first {
-		return next, nil
+		return next, false, nil
 	}
 	// Once, as the task ends: the redemption already refuses keys of an ended task, and the
 	// sweeper deletes what this misses.
-	return next, f.keyring.revoke(ctx, next)
+	return next, released, f.keyring.revoke(ctx, next)
 }
 
 // settleOrphan finishes a record whose TaskRun is gone (or was re-created under its name).
 func (f *finishPhase) settleOrphan(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
-	rec, err := f.endRecord(ctx, rec)
+	rec, _, err := f.endRecord(ctx, rec)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/remote"
 )
 
@@ -53,7 +54,9 @@ func (p *provisionPhase) provision(ctx context.Context, tr *pipelinev1.TaskRun, 
 	p.keyring.handed.Store(keyID(rec), handedOver)
 	p.keyring.pending.Delete(keyID(rec))
 	p.provisioner.Forget(j.ID)
-	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(p.now().Sub(rec.Status.ReservedAt.Time).Seconds())
+	took := p.now().Sub(rec.Status.ReservedAt.Time)
+	allocationSeconds.WithLabelValues(rec.Spec.Platform).Observe(took.Seconds())
+	konfluxmetrics.Provisioned(rec.Spec.Platform, took)
 	step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, rec.Status.Login.Host, "Provisioned", "build user %s ready on host %s", rec.Status.BuildUser, rec.Status.Login.Host)
 	return reconcile.Result{}, nil
 }
@@ -85,6 +88,9 @@ func (p *provisionPhase) redo(ctx context.Context, tr *pipelinev1.TaskRun, rec *
 // (and keeps its slot until removed), the host goes into the failed hosts, and the task tries
 // another.
 func (p *provisionPhase) provisioningFailed(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, cause error) (reconcile.Result, error) {
+	// Counted here, where the provisioner's outcome is read once (it is forgotten just
+	// before), not after the record is saved: a failed save must not lose the failure.
+	konfluxmetrics.ProvisioningFailed(rec.Spec.Platform)
 	login := *rec.Status.Login
 	why := cause.Error()
 	if errors.Is(cause, hostops.ErrUserExists) {

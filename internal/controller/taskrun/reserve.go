@@ -16,6 +16,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/allocation"
 	"github.com/berth-ci/berth/internal/hostops"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 )
 
 // reserve takes a slot for the task, or queues it. The record names host, admin login and build
@@ -64,7 +65,9 @@ func (rs *reservePhase) reserve(ctx context.Context, tr *pipelinev1.TaskRun, rec
 		return reconcile.Result{}, err
 	}
 	rs.keyring.pending.Store(keyID(next), pair)
-	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(rs.now().Sub(tr.CreationTimestamp.Time).Seconds())
+	waited := rs.now().Sub(tr.CreationTimestamp.Time)
+	waitSeconds.WithLabelValues(rec.Spec.Platform).Observe(waited.Seconds())
+	konfluxmetrics.Reserved(rec.Spec.Platform, waited)
 	step(ctx, tr.Namespace+"/"+tr.Name, rec.Spec.Platform, login.Host, "HostAssigned", "host %s reserved for platform %s; creating build user %s", login.Host, rec.Spec.Platform, next.Status.BuildUser)
 	var results outcomes
 	results.add(rs.mirror.sync(ctx, tr, next))

@@ -21,6 +21,7 @@ import (
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/contract"
+	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/tasksecret"
 )
 
@@ -181,7 +182,7 @@ func (ts *taskSecrets) of(ctx context.Context, namespace, name string) (*corev1.
 
 // giveUp answers the task with an error; what the record still owes the hosts is paid first.
 func (an *answers) giveUp(ctx context.Context, tr *pipelinev1.TaskRun, rec *berthv1.Allocation, reason, message string) (reconcile.Result, error) {
-	if err := an.secrets.fail(ctx, tr, reason, message); err != nil {
+	if err := an.secrets.fail(ctx, tr, reason, message, konfluxmetrics.HostAllocationFailures(rec.Spec.Platform)); err != nil {
 		return reconcile.Result{}, err
 	}
 	if rec.ResourceVersion == "" {

@@ -73,6 +73,21 @@ func Task(file string) (*unstructured.Unstructured, error) {
 	return obj, nil
 }
 
+// File reads a file of ../shared/real by its path there (like o11y/prometheus.multi_platform_alerts.yaml
+// or README.md). Its error names where it looked.
+func File(rel string) ([]byte, error) {
+	dir, err := sharedReal()
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, filepath.FromSlash(rel))
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("the real file is missing: want %s (../shared/real beside the repository): %w", path, err)
+	}
+	return raw, nil
+}
+
 func sharedReal() (string, error) {
 	root, err := repo.Root()
 	if err != nil {
