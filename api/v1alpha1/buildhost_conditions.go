@@ -21,7 +21,28 @@ const (
 	// HostDraining is True while an operator has drained the host (spec.drained): tasks on it
 	// finish; it takes no new one.
 	HostDraining = "Draining"
+	// HostBuildsBounded is False (reason NoSystemd) while the host's check finds no systemd:
+	// its builds take their per-process limits but no slice bounds each build as a whole. The
+	// condition is there only then: it warns, and keeps the host from no task.
+	HostBuildsBounded = "BuildsBounded"
 )
+
+// BuildsUnbounded is the reason of a False HostBuildsBounded.
+const BuildsUnbounded = "NoSystemd"
+
+// SetBuildsBounded records a check's warning that builds on the host are not bounded as a
+// whole (warning != ""), or that they are (warning == "": the condition goes). It tells
+// whether the warning is new.
+func (b *BuildHost) SetBuildsBounded(warning string, now time.Time) (appeared bool) {
+	if warning == "" {
+		meta.RemoveStatusCondition(&b.Status.Conditions, HostBuildsBounded)
+		return false
+	}
+	appeared = meta.FindStatusCondition(b.Status.Conditions, HostBuildsBounded) == nil
+	meta.SetStatusCondition(&b.Status.Conditions, metav1.Condition{Type: HostBuildsBounded, Status: metav1.ConditionFalse,
+		Reason: BuildsUnbounded, Message: bounded(warning), ObservedGeneration: b.Generation, LastTransitionTime: metav1.NewTime(now)})
+	return appeared
+}
 
 // Why berth quarantined a host: the reason of its Quarantined condition.
 const (

@@ -202,3 +202,28 @@ func TestLongReasonIsCut(t *testing.T) {
 		}
 	}
 }
+
+// A check's warning that builds are not bounded shows on the record while it holds, is told as
+// new only once, leaves the host ready, survives the status write's SetConditions, and goes
+// when a check no longer warns.
+func TestBuildsBoundedFollowsTheCheck(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	b := &BuildHost{ObjectMeta: metav1.ObjectMeta{Name: "s390x-1", Generation: 2}, Spec: BuildHostSpec{HostName: "s390x-1"}}
+	if !b.SetBuildsBounded("systemd does not run on host 10.0.0.1", now) {
+		t.Error("the first warning is not new")
+	}
+	if b.SetBuildsBounded("systemd does not run on host 10.0.0.1", now.Add(time.Minute)) {
+		t.Error("a repeated warning is new again")
+	}
+	b.SetConditions(now)
+	c := meta.FindStatusCondition(b.Status.Conditions, HostBuildsBounded)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != BuildsUnbounded || !strings.Contains(c.Message, "systemd") || c.ObservedGeneration != 2 {
+		t.Fatalf("BuildsBounded is %+v", c)
+	}
+	if !meta.IsStatusConditionTrue(b.Status.Conditions, HostReady) {
+		t.Error("the warning took the host out of service")
+	}
+	if b.SetBuildsBounded("", now) || meta.FindStatusCondition(b.Status.Conditions, HostBuildsBounded) != nil {
+		t.Error("the condition stayed after a check without warning")
+	}
+}

@@ -81,8 +81,8 @@ func (f *hostFlags) target(c client.Client) (remote.Target, []byte, error) {
 
 func newHostProvisionCommand() *cobra.Command {
 	var (
-		hf                                                                        hostFlags
-		userName, authorizedKey, owner, sudoCommands, dirFile, platform, uidRange string
+		hf                                                                                    hostFlags
+		userName, authorizedKey, owner, sudoCommands, dirFile, platform, uidRange, limitsText string
 	)
 	cmd := &cobra.Command{
 		Use:   "provision",
@@ -106,12 +106,16 @@ The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 			if err != nil {
 				return fmt.Errorf("UID_RANGE: %w", err)
 			}
+			limits, err := config.ParseBuildLimitsText(limitsText)
+			if err != nil {
+				return fmt.Errorf("LIMITS: %w", err)
+			}
 			_, target, _, err := hf.login()
 			if err != nil {
 				return err
 			}
 			dir, err := hostops.CreateUserOn(cmd.Context(), target, platform, hostops.NewUser{
-				Name: userName, AuthorizedKey: []byte(authorizedKey), Owner: owner, SudoCommands: sudo, UIDs: uids})
+				Name: userName, AuthorizedKey: []byte(authorizedKey), Owner: owner, SudoCommands: sudo, UIDs: uids, Limits: limits})
 			if err != nil {
 				return err
 			}
@@ -132,6 +136,7 @@ The build directory goes to --user-dir-file (the TaskRun's user-dir result).`,
 	f.StringVar(&sudoCommands, "sudo-commands", "", "comma list of the commands the build user may run with sudo (SUDO_COMMANDS)")
 	f.StringVar(&platform, "platform", "", "the platform the host serves (RAW_PLATFORM)")
 	f.StringVar(&uidRange, "uid-range", "", "FIRST-LAST: the IDs Linux build users get (UID_RANGE, the config's build-uid-range; its default when empty)")
+	f.StringVar(&limitsText, "limits", "", "the build's limits as key=value,... of the config's limit keys, like nproc-hard=2000 (LIMITS; berth's defaults when empty)")
 	f.StringVar(&dirFile, "user-dir-file", "", "file to write the build directory to (the user-dir result)")
 	_ = cmd.MarkFlagRequired("user-name")
 	_ = cmd.MarkFlagRequired("authorized-key")
@@ -211,6 +216,9 @@ the answer.`,
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "host %s is unhealthy: %s\n", hf.host, report.Reason)
 			}
+			if report.Warning != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "warning: %s\n", report.Warning)
+			}
 			if resDir == "" {
 				if !report.Healthy {
 					return errors.New(report.Reason)
@@ -220,7 +228,10 @@ the answer.`,
 			if err := os.WriteFile(filepath.Join(resDir, "healthy"), []byte(fmt.Sprint(report.Healthy)), 0o644); err != nil {
 				return err
 			}
-			return os.WriteFile(filepath.Join(resDir, "reason"), []byte(report.Reason), 0o644)
+			if err := os.WriteFile(filepath.Join(resDir, "reason"), []byte(report.Reason), 0o644); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(resDir, "warning"), []byte(report.Warning), 0o644)
 		},
 	}
 	hf.register(cmd)
@@ -228,6 +239,6 @@ the answer.`,
 	cmd.Flags().StringVar(&minFree, "min-free-disk", "10Gi", "less free space than this makes the host unhealthy")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", 24*time.Hour, "age after which a build user whose TaskRun is gone is removed")
 	cmd.Flags().StringVar(&maintenance, "maintenance-command", "", "a command to run on the host as the admin user; failing makes it unhealthy")
-	cmd.Flags().StringVar(&resDir, "results-dir", "", "directory to write the results healthy and reason into (the TaskRun's results)")
+	cmd.Flags().StringVar(&resDir, "results-dir", "", "directory to write the results healthy, reason and warning into (the TaskRun's results)")
 	return cmd
 }

@@ -23,7 +23,7 @@ func TestShippedTasksRunTheHostCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	contract := map[string][]string{
-		"provision-shared-host": {"USER_NAME", "AUTHORIZED_KEY", "OWNER", "HOST", "USER", "SUDO_COMMANDS", "RAW_PLATFORM", "HOST_KEY", "UID_RANGE"},
+		"provision-shared-host": {"USER_NAME", "AUTHORIZED_KEY", "OWNER", "HOST", "USER", "SUDO_COMMANDS", "RAW_PLATFORM", "HOST_KEY", "UID_RANGE", "LIMITS"},
 		"clean-shared-host":     {"USER_NAME", "HOST", "USER", "RAW_PLATFORM", "HOST_KEY"},
 		"update-host":           {"HOST", "USER"},
 	}

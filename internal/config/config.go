@@ -71,6 +71,8 @@ type StaticHost struct {
 	Concurrency int
 	// HostKey, if set, is the only SSH host key accepted (authorized_keys format).
 	HostKey string
+	// Limits bound each build on the host (berth's own keys; DefaultBuildLimits unless set).
+	Limits BuildLimits
 }
 
 // DynamicPlatform is one dynamic.<platform>.* group.
@@ -90,6 +92,9 @@ type DynamicPlatform struct {
 	// MaxAge, on a dynamic platform with MinIdle, is how long a warm VM may wait for a task
 	// before it is replaced (pools have Pool.MaxAge).
 	MaxAge time.Duration
+	// Limits bound each build on the platform's VMs (berth's own keys; DefaultBuildLimits
+	// unless set).
+	Limits BuildLimits
 	// Pool is set for dynamic-pool platforms: VMs are reused by several tasks.
 	Pool *Pool
 	// Settings are the provider's own keys (region, ami, ...), checked against its schema.
@@ -172,6 +177,18 @@ func (c *Config) NamespaceAllowed(ns string) bool {
 		}
 	}
 	return false
+}
+
+// LimitsFor is what bounds a build on the host a login names: the static host's limits, else
+// (a VM) its platform's, else DefaultBuildLimits.
+func (c *Config) LimitsFor(host string, platform Platform) BuildLimits {
+	if h := c.Host(host); h != nil && h.Platform == platform {
+		return h.Limits
+	}
+	if d := c.Dynamic[platform]; d != nil {
+		return d.Limits
+	}
+	return DefaultBuildLimits
 }
 
 // Broken returns the errors that make p unusable; empty when p can be served.

@@ -270,6 +270,7 @@ func (p *parser) parseHosts() {
 				fail("host-key", "%v", err)
 			}
 		}
+		h.Limits = parseLimits(fields, fail)
 		if perr == nil {
 			if _, listed := p.listedIn[platform]; !listed {
 				p.cfg.Platforms[platform] = StrategyStatic
@@ -369,6 +370,7 @@ func (p *parser) parseDynamic() {
 				fail("host-key", "%v", err)
 			}
 		}
+		d.Limits = parseLimits(fields, fail)
 		for field := range provider {
 			if v, ok := fields[field]; ok {
 				d.Settings[field] = v
@@ -379,6 +381,18 @@ func (p *parser) parseDynamic() {
 			p.cfg.Dynamic[platform] = d
 		}
 	}
+}
+
+// parseLimits reads a host's or platform's build limits, failing it on each bad key.
+func parseLimits(fields map[string]string, fail func(field, format string, args ...any)) BuildLimits {
+	limits, errs := ParseBuildLimits(fields)
+	for _, err := range errs {
+		var bad *LimitError
+		if errors.As(err, &bad) {
+			fail(bad.Key, "%s", bad.Reason)
+		}
+	}
+	return limits
 }
 
 // ProviderCheck, when set, checks a dynamic platform's provider keys (its Settings) as the

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"math"
 	"regexp"
 	"time"
@@ -86,6 +87,12 @@ var dynamicKeys = map[string]field{
 	"host-key":           {kind: kindString},
 	// berth's own: how many ready VMs (pool: free slots) to keep so a task starts without a boot.
 	"min-idle": {kind: kindInt},
+}
+
+func init() {
+	// Build limits are set per static host and per dynamic platform alike (buildlimits.go).
+	maps.Copy(hostKeys, limitKeys)
+	maps.Copy(dynamicKeys, limitKeys)
 }
 
 // dynamicOnlyKeys are fields berth reads on dynamic (not pooled) platforms only: max-age bounds

@@ -61,12 +61,17 @@ func CleanOn(ctx context.Context, t remote.Target, platform, user string) error 
 }
 
 // CheckOn tells whether a host of platform answers and has minFree bytes free for builds.
-func CheckOn(ctx context.Context, t remote.Target, platform string, minFree uint64) (healthy bool, reason string) {
+func CheckOn(ctx context.Context, t remote.Target, platform string, minFree uint64) (healthy bool, reason, warning string) {
 	if OS(platform) == "windows" {
-		return CheckWindows(ctx, t, minFree)
+		healthy, reason = CheckWindows(ctx, t, minFree)
+		return healthy, reason, ""
 	}
 	rep := Update(ctx, UpdateRequest{Target: t, MinFreeBytes: minFree})
-	return rep.Healthy, rep.Reason
+	if OS(platform) == "darwin" {
+		// berth sets no limits on macOS users at all, slice or not: the warning is Linux's.
+		rep.Warning = ""
+	}
+	return rep.Healthy, rep.Reason, rep.Warning
 }
 
 // --- Windows ---

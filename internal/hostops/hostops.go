@@ -37,15 +37,6 @@ var (
 	newUserNameRE = regexp.MustCompile(`^u-[0-9a-f]{24}-[0-9]{1,4}$`)
 )
 
-// Limits bound what one build may take of a shared host.
-type Limits struct {
-	Processes  int // hard nproc
-	CPUMinutes int // hard cpu, per process
-}
-
-// DefaultLimits leave room for a parallel build and stop a runaway one.
-var DefaultLimits = Limits{Processes: 4096, CPUMinutes: 6 * 60}
-
 // Clean removes a build user with its processes (those of its subordinate IDs too), home,
 // files elsewhere, IPC objects, jobs, sudo rule and limits, and frees its UID slice. A user
 // that is already gone is success, so a repeated clean is harmless. What would not go is a

@@ -119,7 +119,7 @@ func TestBuildUserIsUnprivilegedWithExactSudo(t *testing.T) {
 		}
 	}
 	if out, err := asBuildUser(t, h, p, "ulimit -u; test -d "+p.Dir+" && test -w "+p.Dir+" && echo writable"); err != nil ||
-		!strings.Contains(out, "4096") || !strings.Contains(out, "writable") {
+		!strings.Contains(out, "8192") || !strings.Contains(out, "writable") {
 		t.Fatalf("limits or build dir wrong: %q %v", out, err)
 	}
 	// Nobody else may look into the home or the build directory; the key file is the user's.

@@ -5,7 +5,7 @@ package hostops
 // key material arrives on standard input, so nothing from a TaskRun is ever parsed as shell.
 
 // provisionScript creates build user $1, which must not exist: its key (stdin) as the only
-// authorized key, a build directory, process and CPU-time limits, and the sudo rule $4
+// authorized key, a build directory, its limits, and the sudo rule $4
 // (checked by visudo before anything is made). It prints the user's home. Exit 17: the user,
 // its group or its home exists already (berth never repairs a user; it makes a new one).
 // Exit 19: no slice of the UID range is free.
@@ -25,10 +25,15 @@ package hostops
 // the home and everything in it are handed to the user only by the last chown, which does not
 // follow links (-h, not -R). So no path root touches can be a link the build user planted.
 //
-//	$1 user  $2 max processes  $3 max CPU minutes  $4 sudo commands ("" for none)  $5 owner
+// Limits: $2 is the user's /etc/security/limits.d file, which pam_limits applies to every
+// process of each SSH login of the user, with or without systemd. $3 are properties of the
+// user's systemd slice, one a line, set where systemd runs; "CPUQuota=N" there is N percent of
+// the host's CPUs, turned here into systemd's CPUQuota=, which counts 100% per CPU.
+//
+//	$1 user  $2 limits.d lines  $3 slice properties  $4 sudo commands ("" for none)  $5 owner
 //	$6 first ID of the range  $7 slices in the range
 const provisionScript = `set -eu
-user=$1 nproc=$2 cpu=$3 sudo_cmds=$4 owner=$5 first=$6 slices=$7
+user=$1 limits=$2 slice_props=$3 sudo_cmds=$4 owner=$5 first=$6 slices=$7
 case "$user" in u-*) ;; *) echo "refusing to provision $user: not a berth build user" >&2; exit 2 ;; esac
 home=/home/$user
 if getent passwd "$user" >/dev/null 2>&1 || getent group "$user" >/dev/null 2>&1 || [ -e "$home" ] || [ -L "$home" ]; then
@@ -55,14 +60,41 @@ cat > "$home/.ssh/authorized_keys"
 chmod 600 "$home/.ssh/authorized_keys"
 mkdir -p /var/lib/berth/users /etc/security/limits.d
 printf '%s\n' "$owner" > "/var/lib/berth/users/$user"
-printf '%s hard nproc %s\n%s hard cpu %s\n' "$user" "$nproc" "$user" "$cpu" > "/etc/security/limits.d/berth-$user.conf"
+printf '%s' "$limits" > "/etc/security/limits.d/berth-$user.conf"
 chmod 644 "/etc/security/limits.d/berth-$user.conf"
 ` + sudoRuleInstalled + `
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-	systemctl set-property --runtime "user-$uid.slice" "TasksMax=$nproc" >/dev/null 2>&1 || true
-fi
+` + sliceLimits + `fi
 chown -h "$user:$user" "$home/.ssh/authorized_keys" "$home/.ssh" "$home/build" "$home"
 printf '%s\n' "$home"
+`
+
+// sliceLimits gives the slice of the user of $uid the properties $slice_props, one a line,
+// where systemd runs (provisionScript checks that). "CPUQuota=N" there is N percent of the
+// host's CPUs: systemd's CPUQuota= counts 100% per CPU, so it becomes N times the CPUs online.
+const sliceLimits = `# The UID had users before: what their slices were given must not carry over to this one
+# (a TasksMax the config no longer sets, say). revert drops set-property's drop-ins.
+systemctl revert "user-$uid.slice" >/dev/null 2>&1 || true
+if [ -n "$slice_props" ]; then
+	ncpu=$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null || echo 1)
+	set -f
+	IFS='
+'
+	set -- $slice_props
+	IFS=' 	
+'
+	set +f
+	n=$#
+	while [ "$n" -gt 0 ]; do
+		prop=$1
+		shift
+		case "$prop" in CPUQuota=*) prop="CPUQuota=$((${prop#CPUQuota=} * ncpu))%" ;; esac
+		set -- "$@" "$prop"
+		n=$((n - 1))
+	done
+	systemctl set-property --runtime "user-$uid.slice" "$@" >/dev/null 2>&1 ||
+		echo "berth: could not set $* on user-$uid.slice; the build's processes are limited, the build as a whole is not" >&2
+fi
 `
 
 // claimSlice sets $uid to the first ID of a slice of berth's range it has claimed for $user,
@@ -267,6 +299,7 @@ if [ -n "$uid" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/nul
 	rm -f "/var/lib/systemd/linger/$user"
 	systemctl kill --signal=SIGKILL "user-$uid.slice" >/dev/null 2>&1 || true
 	systemctl stop "user-$uid.slice" >/dev/null 2>&1 || true
+	systemctl revert "user-$uid.slice" >/dev/null 2>&1 || true
 fi
 ` + stopAndKill
 
@@ -385,4 +418,6 @@ for d in /var/lib/berth/uids/*; do
 	printf 'claim %s %s %s\n' "${d##*/}" "$name" "$(stat -c %Y "$d")"
 done
 printf 'now %s\n' "$(date +%s)"
+# Where systemd runs, each build is bounded as a whole on its slice (provisionScript).
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo "systemd yes"; else echo "systemd no"; fi
 `

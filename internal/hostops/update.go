@@ -39,6 +39,17 @@ type Report struct {
 	// Leftovers are what the cleans of stale users could not remove. They are those users'
 	// doing, not the host's: they leave Healthy as it is, and the next update tries again.
 	Leftovers []*LeftoverError
+	// Warning is what the operator should know of a host that still takes builds: no
+	// systemd, so a build is not bounded as a whole (see UnboundedWarning).
+	Warning string
+}
+
+// UnboundedWarning is a check's Warning for a host where systemd does not run: each build
+// user's processes get their limits.d limits, but no slice bounds the build's memory and CPU
+// as a whole, so one build can starve the host's sshd and agents.
+func UnboundedWarning(address string) string {
+	return fmt.Sprintf("systemd does not run on host %s: each build's processes get their limits (nproc, CPU time, open files), "+
+		"but no build is bounded as a whole (no slice with MemoryMax, CPUQuota, CPUWeight, TasksMax), so one build can take the host's memory and CPUs", address)
 }
 
 // Update checks that the host is reachable and has disk to spare, removes stale build users,
@@ -67,6 +78,9 @@ func Update(ctx context.Context, req UpdateRequest) Report {
 		return Report{Reason: fmt.Sprintf("host %s: %v", req.Target.Address, err)}
 	}
 	report := Report{Healthy: true, FreeBytes: inv.free, TotalBytes: inv.total}
+	if inv.noSystemd {
+		report.Warning = UnboundedWarning(req.Target.Address)
+	}
 	var reasons []string
 	if inv.free < req.MinFreeBytes {
 		reasons = append(reasons, fmt.Sprintf("only %s free on %s of host %s, less than the %s required",
@@ -136,6 +150,7 @@ type inventory struct {
 	users       []buildUser
 	claims      []buildUser // claimed UIDs whose user is gone, by the name the claim records
 	now         time.Time   // the host's clock, against which ages are measured
+	noSystemd   bool        // the host said systemd does not run there
 }
 
 func parseInventory(out []byte) (inventory, error) {
@@ -174,6 +189,8 @@ func parseInventory(out []byte) (inventory, error) {
 			}
 			secs, _ := strconv.ParseInt(f[3], 10, 64)
 			inv.claims = append(inv.claims, buildUser{name: f[2], since: time.Unix(secs, 0)})
+		case "systemd":
+			inv.noSystemd = len(f) == 2 && f[1] == "no"
 		case "now":
 			if len(f) == 2 {
 				secs, _ := strconv.ParseInt(f[1], 10, 64)

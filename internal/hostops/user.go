@@ -46,8 +46,9 @@ type NewUser struct {
 	// SudoCommands are the commands the user may run as root, each checked by berth's
 	// grammar here and by visudo on the host.
 	SudoCommands []string
-	// Limits; DefaultLimits when zero.
-	Limits Limits
+	// Limits bound the user's processes and, where systemd runs, its slice;
+	// config.DefaultBuildLimits when zero.
+	Limits config.BuildLimits
 	// UIDs is the range the user's UID (and on Linux its subordinate IDs) comes from, on
 	// Linux and macOS; config.DefaultUIDRange when zero.
 	UIDs config.UIDRange
@@ -99,16 +100,56 @@ func CreateUser(ctx context.Context, t remote.Target, u NewUser) (string, error)
 	if err != nil {
 		return "", err
 	}
-	limits := u.Limits
-	if limits == (Limits{}) {
-		limits = DefaultLimits
-	}
 	uids, err := u.uidRange()
 	if err != nil {
 		return "", err
 	}
-	return createAsRoot(ctx, t, u.Name, authorized, provisionScript, u.Name, fmt.Sprint(limits.Processes), fmt.Sprint(limits.CPUMinutes),
+	limitsConf, sliceProps := u.limits()
+	return createAsRoot(ctx, t, u.Name, authorized, provisionScript, u.Name, limitsConf, sliceProps,
 		strings.Join(u.SudoCommands, ", "), u.Owner, fmt.Sprint(uids.First), fmt.Sprint(uids.Users()))
+}
+
+// limits renders u's limits for provisionScript: the lines of its limits.d file, and the
+// properties of its slice, one a line, where CPUQUOTA stands for the percentage of the host's
+// CPUs the script turns into systemd's CPUQuota= (which counts 100% per CPU). Every value was
+// checked by config.ParseBuildLimits, so none holds a space or a newline.
+func (u NewUser) limits() (limitsConf, sliceProps string) {
+	l := u.Limits
+	if l == (config.BuildLimits{}) {
+		l = config.DefaultBuildLimits
+	}
+	var conf strings.Builder
+	pair := func(item string, p config.LimitPair) {
+		for _, v := range []struct {
+			kind string
+			n    int64
+		}{{"soft", p.Soft}, {"hard", p.Hard}} {
+			switch v.n {
+			case 0: // not set: the host's own limit stays
+			case config.Unlimited:
+				fmt.Fprintf(&conf, "%s %s %s unlimited\n", u.Name, v.kind, item)
+			default:
+				fmt.Fprintf(&conf, "%s %s %s %d\n", u.Name, v.kind, item, v.n)
+			}
+		}
+	}
+	pair("nproc", l.Processes)
+	pair("cpu", l.CPUMinutes)
+	pair("nofile", l.OpenFiles)
+	var props []string
+	if l.MemoryMax != "" {
+		props = append(props, "MemoryMax="+l.MemoryMax)
+	}
+	if l.CPUQuotaPercent != 0 {
+		props = append(props, fmt.Sprintf("CPUQuota=%d", l.CPUQuotaPercent))
+	}
+	if l.CPUWeight != 0 {
+		props = append(props, fmt.Sprintf("CPUWeight=%d", l.CPUWeight))
+	}
+	if l.TasksMax != "" {
+		props = append(props, "TasksMax="+l.TasksMax)
+	}
+	return conf.String(), strings.Join(props, "\n")
 }
 
 // createAsRoot runs a create script as root with the key on stdin; the script prints the new

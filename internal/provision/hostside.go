@@ -16,7 +16,7 @@ type Hostops struct {
 // CreateUser creates the job's user with its public key.
 func (h Hostops) CreateUser(ctx context.Context, t remote.Target, job Job) (string, error) {
 	return hostops.CreateUserOn(ctx, t, job.Login.Platform, hostops.NewUser{Name: job.User, AuthorizedKey: job.AuthorizedKey,
-		Owner: job.Owner, SudoCommands: job.SudoCommands, UIDs: job.UIDs})
+		Owner: job.Owner, SudoCommands: job.SudoCommands, UIDs: job.UIDs, Limits: job.Limits})
 }
 
 // RemoveUser removes a build user; one already gone is success.
@@ -26,8 +26,8 @@ func (h Hostops) RemoveUser(ctx context.Context, t remote.Target, platform strin
 
 // Check reports whether the host is reachable and has disk to spare.
 func (h Hostops) Check(ctx context.Context, t remote.Target, platform string) Health {
-	healthy, reason := hostops.CheckOn(ctx, t, platform, h.MinFreeBytes)
-	return Health{Healthy: healthy, Reason: reason}
+	healthy, reason, warning := hostops.CheckOn(ctx, t, platform, h.MinFreeBytes)
+	return Health{Healthy: healthy, Reason: reason, Warning: warning}
 }
 
 // ExistingUsers tells which of the build users names exist on the host.

@@ -29,6 +29,9 @@ type Job struct {
 	SudoCommands []string
 	// UIDs is the config's build-uid-range: where a Linux or macOS build user's IDs come from.
 	UIDs config.UIDRange
+	// Limits bound the build on a Linux host: the host's or its platform's limit keys
+	// (config.DefaultBuildLimits when zero).
+	Limits config.BuildLimits
 	// Wake is what Notify hands back when the job ends (the TaskRun's namespace/name).
 	Wake string
 }
@@ -44,6 +47,9 @@ type Outcome struct {
 type Health struct {
 	Healthy bool
 	Reason  string
+	// Warning is what the operator should know of a host that takes builds (no systemd, so
+	// builds are not bounded as a whole).
+	Warning string
 }
 
 // Provisioner does the host work. Provision and Clean return at once; a job's outcome stays

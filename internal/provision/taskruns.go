@@ -120,7 +120,17 @@ func outcomeOf(tr *pipelinev1.TaskRun) Outcome {
 func (p *TaskRuns) Provision(ctx context.Context, job Job) Outcome {
 	return p.run(ctx, p.taskRun(internalName(contract.TaskTypeProvision, job.ID), contract.TaskTypeProvision, p.ProvisionTask, job.Login, job.Wake,
 		param("USER_NAME", job.User), param("AUTHORIZED_KEY", strings.TrimSpace(string(job.AuthorizedKey))),
-		param("OWNER", job.Owner), param("SUDO_COMMANDS", strings.Join(job.SudoCommands, ",")), param("UID_RANGE", uidRange(job.UIDs))))
+		param("OWNER", job.Owner), param("SUDO_COMMANDS", strings.Join(job.SudoCommands, ",")), param("UID_RANGE", uidRange(job.UIDs)),
+		param("LIMITS", limitsParam(job.Limits))))
+}
+
+// limitsParam is the LIMITS param: the limit keys (config.BuildLimits.String), empty for the
+// defaults.
+func limitsParam(l config.BuildLimits) string {
+	if l == (config.BuildLimits{}) {
+		return ""
+	}
+	return l.String()
 }
 
 // uidRange is the UID_RANGE param: empty (the default range) when the config sets none.
@@ -178,6 +188,8 @@ func (p *TaskRuns) Check(ctx context.Context, login berthv1.HostLogin) Health {
 			health.Healthy = strings.TrimSpace(r.Value.StringVal) == "true"
 		case "reason":
 			health.Reason = r.Value.StringVal
+		case "warning":
+			health.Warning = strings.TrimSpace(r.Value.StringVal)
 		}
 	}
 	if health.Healthy {

@@ -147,10 +147,14 @@ func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost,
 	healthy, reason := true, ""
 	next := bh.DeepCopy()
 	next.Status.Platform, next.Status.Address = string(host.Platform), host.Address
+	warned := false
 	if health != nil {
 		healthy, reason = health.Healthy, health.Reason
 		checked := metav1.NewTime(h.now())
 		next.Status.LastCheck = &checked
+		if healthy { // a failed check tells nothing of systemd
+			warned = next.SetBuildsBounded(health.Warning, h.now())
+		}
 	}
 	next.Status.PendingCleans = len(owed)
 	// A user told as dirty and no longer owed was removed (or forgotten) since, perhaps by a
@@ -180,6 +184,9 @@ func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost,
 	}
 	if err := h.writeStatus(ctx, next); err != nil {
 		return err
+	}
+	if warned {
+		h.event(ctx, next, corev1.EventTypeWarning, "BuildsUnbounded", "Check", "%s", health.Warning)
 	}
 	switch {
 	case next.Status.Quarantined && !bh.Status.Quarantined:

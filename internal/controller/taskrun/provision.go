@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/config"
 	"github.com/berth-ci/berth/internal/hostops"
 	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/remote"
@@ -32,6 +33,11 @@ func (p *provisionPhase) provision(ctx context.Context, tr *pipelinev1.TaskRun, 
 	j.AuthorizedKey = keys.authorized
 	if cfg := p.config.Config(); cfg != nil {
 		j.UIDs = cfg.BuildUIDs
+		host := rec.Status.Login.Host
+		if rec.Status.Login.Instance != "" {
+			host = "" // a VM: its platform's limits, whatever static host shares its name
+		}
+		j.Limits = cfg.LimitsFor(host, config.Platform(rec.Status.Login.Platform))
 	}
 	out := p.provisioner.Provision(ctx, j)
 	if !out.Done {
