@@ -12,8 +12,10 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
+	"github.com/berth-ci/berth/internal/dev/devstack"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 )
 
@@ -158,6 +160,11 @@ func TestAHostWithoutSystemdIsMarkedUnbounded(t *testing.T) {
 	applyConfig(t, 1, nil)
 	for _, h := range hostsByName() {
 		eventually(t, "the record of "+h.Name+" says its builds are not bounded as a whole", func() (bool, error) {
+			// The record is made with the host's first check, a moment after the config.
+			var bh berthv1.BuildHost
+			if err := c().Get(context.Background(), client.ObjectKey{Namespace: devstack.Namespace, Name: berthv1.BuildHostName(h.Name)}, &bh); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
 			cond, current := hostCondition(t, h.Name, berthv1.HostBuildsBounded)
 			ready, _ := hostCondition(t, h.Name, berthv1.HostReady)
 			return current && cond.Status == metav1.ConditionFalse && cond.Reason == berthv1.BuildsUnbounded &&
