@@ -41,6 +41,7 @@ var layers = []layer{
 		"internal/hostkeys/...", "internal/provision/...", "internal/incident/...",
 		"internal/taskgen/...", "internal/status/...", "internal/otp/keyserver/...",
 		"internal/hostconfig/...", "internal/adminkeys/...", "internal/version/...",
+		"internal/konfluxmetrics/...",
 	}},
 	// What the owners share: the ledger and its wake-ups.
 	{name: "capacity", units: []unit{"internal/controller/capacity/..."}},
