@@ -21,7 +21,7 @@ func TestBuildLimitsDefaultToUpstreams(t *testing.T) {
 	if got := cfg.Dynamic["linux/arm64"].Limits; got != want {
 		t.Errorf("dynamic platform limits %+v, want %+v", got, want)
 	}
-	if got := cfg.LimitsFor("", "linux/ppc64le"); got != want {
+	if got, _ := cfg.ForBuild("", "linux/ppc64le", true); got != want {
 		t.Errorf("pool platform limits %+v, want %+v", got, want)
 	}
 	if want.OpenFiles != (LimitPair{}) || want.TasksMax != "" {

@@ -77,12 +77,14 @@ type StaticHost struct {
 
 // DynamicPlatform is one dynamic.<platform>.* group.
 type DynamicPlatform struct {
-	Platform          Platform
-	Type              string // provider: aws, ibmz, ibmp
-	MaxInstances      int
-	SSHSecret         string
-	InstanceTag       string
-	SudoCommands      string
+	Platform     Platform
+	Type         string // provider: aws, ibmz, ibmp
+	MaxInstances int
+	SSHSecret    string
+	InstanceTag  string
+	// SudoCommands are the commands each build user on the platform's VMs may run as root
+	// (sudo-commands), checked by the grammar at load; none when the key is left out.
+	SudoCommands      []string
 	AllocationTimeout time.Duration
 	CheckInterval     time.Duration
 	HostKey           string
@@ -179,16 +181,19 @@ func (c *Config) NamespaceAllowed(ns string) bool {
 	return false
 }
 
-// LimitsFor is what bounds a build on the host a login names: the static host's limits, else
-// (a VM) its platform's, else DefaultBuildLimits.
-func (c *Config) LimitsFor(host string, platform Platform) BuildLimits {
-	if h := c.Host(host); h != nil && h.Platform == platform {
-		return h.Limits
+// ForBuild is what a build user gets on a host of platform: on a static host (vm false), that
+// host's limits and no sudo rule (the contract gives static hosts no sudo-commands); on a VM,
+// its platform's limits and sudo-commands, whatever static host shares the VM's name. A host
+// or platform the config does not hold gets DefaultBuildLimits and no sudo rule.
+func (c *Config) ForBuild(host string, platform Platform, vm bool) (BuildLimits, []string) {
+	if !vm {
+		if h := c.Host(host); h != nil && h.Platform == platform {
+			return h.Limits, nil
+		}
+	} else if d := c.Dynamic[platform]; d != nil {
+		return d.Limits, d.SudoCommands
 	}
-	if d := c.Dynamic[platform]; d != nil {
-		return d.Limits
-	}
-	return DefaultBuildLimits
+	return DefaultBuildLimits, nil
 }
 
 // Broken returns the errors that make p unusable; empty when p can be served.

@@ -336,7 +336,7 @@ func (p *parser) parseDynamic() {
 		maps.Copy(schema, provider)
 		p.checkFields(fields, schema, func(field string) string { return p.misplacedField(field, d.Type, pooled) }, fail, warn)
 
-		d.SSHSecret, d.InstanceTag, d.SudoCommands, d.HostKey = fields["ssh-secret"], fields["instance-tag"], fields["sudo-commands"], fields["host-key"]
+		d.SSHSecret, d.InstanceTag, d.HostKey = fields["ssh-secret"], fields["instance-tag"], fields["host-key"]
 		if raw, ok := fields["max-instances"]; ok {
 			d.MaxInstances = p.intInRange(raw, 1, noUpperBound, "VMs at most", func(msg string) { fail("max-instances", "%s", msg) })
 		}
@@ -360,9 +360,11 @@ func (p *parser) parseDynamic() {
 				d.Pool.MaxAge = time.Duration(p.intInRange(raw, 1, maxDurationMinute, "minutes a VM may live", func(msg string) { fail("max-age", "%s", msg) })) * time.Minute
 			}
 		}
-		if d.SudoCommands != "" {
-			if _, err := ParseSudoCommands(d.SudoCommands); err != nil {
+		if raw := fields["sudo-commands"]; raw != "" {
+			if sudo, err := ParseSudoCommands(raw); err != nil {
 				fail("sudo-commands", "%v", err)
+			} else {
+				d.SudoCommands = sudo
 			}
 		}
 		if d.HostKey != "" {

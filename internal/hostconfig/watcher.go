@@ -184,7 +184,8 @@ func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems conf
 	var unusable []string
 	var unusableProblems config.Problems
 	platformUsable.Reset()
-	for _, r := range cfg.Report() {
+	report := cfg.Report()
+	for _, r := range report {
 		value := 1.0
 		if !r.Usable {
 			value = 0
@@ -193,7 +194,7 @@ func (w *Watcher) report(cm *corev1.ConfigMap, cfg *config.Config, problems conf
 		}
 		platformUsable.WithLabelValues(string(r.Platform)).Set(value)
 	}
-	konfluxmetrics.ServePlatforms(konfluxmetrics.PoolSizes(cfg.Report()))
+	konfluxmetrics.ServePlatforms(konfluxmetrics.PoolSizes(report))
 	if len(unusable) > 0 {
 		warning.Log(log, "platforms cannot be served; their tasks fail with an error secret", "platforms", unusable, "problems", unusableProblems.Summary())
 		w.Recorder.Eventf(cm, nil, corev1.EventTypeWarning, ReasonPlatformUnusable, "Validate", "%s", truncate(fmt.Sprintf(

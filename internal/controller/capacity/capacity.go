@@ -64,6 +64,9 @@ func New() *Capacity {
 // from every TaskRun's.
 const DebtPrefix = "debt/"
 
+// IsDebt tells whether a ledger task is a cleanup debt, not a TaskRun.
+func IsDebt(t allocation.Task) bool { return strings.HasPrefix(t.Name, DebtPrefix) }
+
 // Wake reconciles the TaskRuns now: a freed slot or a VM that became ready reaches its task
 // this way, not by polling (an ended host job by Notify). It never blocks and never drops one:
 // a task already woken and not yet reconciled is not sent again, since the reconcile to come
@@ -73,7 +76,7 @@ func (c *Capacity) Wake(tasks ...allocation.Task) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, t := range tasks {
-		if _, sent := c.pending[t]; sent || strings.HasPrefix(t.Name, DebtPrefix) {
+		if _, sent := c.pending[t]; sent || IsDebt(t) {
 			continue
 		}
 		c.pending[t] = struct{}{}

@@ -1,7 +1,6 @@
 package capacity
 
 import (
-	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,9 +66,7 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// Konflux's running_tasks counts TaskRuns that hold a host, as upstream's did; a slot held
 	// for a clean still owed is no task's.
-	for _, n := range l.ByNamespace(isDebt) {
+	for _, n := range l.ByNamespace(IsDebt) {
 		konfluxmetrics.Tasks(ch, n.Platform, n.Namespace, n.Holding, n.Waiting)
 	}
 }
-
-func isDebt(t allocation.Task) bool { return strings.HasPrefix(t.Name, DebtPrefix) }

@@ -33,7 +33,8 @@ func (p *provisionPhase) provision(ctx context.Context, tr *pipelinev1.TaskRun, 
 	j.AuthorizedKey = keys.authorized
 	if cfg := p.config.Config(); cfg != nil {
 		j.UIDs = cfg.BuildUIDs
-		j.Limits, j.SudoCommands = hostRules(cfg, *rec.Status.Login)
+		login := rec.Status.Login
+		j.Limits, j.SudoCommands = cfg.ForBuild(login.Host, config.Platform(login.Platform), login.Instance != "")
 	}
 	out := p.provisioner.Provision(ctx, j)
 	if !out.Done {
@@ -126,28 +127,4 @@ func (p *provisionPhase) provisioningFailed(ctx context.Context, tr *pipelinev1.
 	results.add(p.debts.pay(ctx, next))
 	results.add(p.reserving.reserve(ctx, tr, next))
 	return results.result()
-}
-
-// hostRules are the limits and the sudo commands a build user gets on the host of login: a
-// static host's limits (the contract gives static hosts no sudo-commands); on a VM, its
-// platform's limits and dynamic.<platform>.sudo-commands, which real configs use for builds
-// that run podman as root (linux-root-* platforms).
-func hostRules(cfg *config.Config, login berthv1.HostLogin) (config.BuildLimits, []string) {
-	platform := config.Platform(login.Platform)
-	if login.Instance == "" {
-		return cfg.LimitsFor(login.Host, platform), nil
-	}
-	// A VM: its platform's, whatever static host shares its name.
-	limits := cfg.LimitsFor("", platform)
-	d := cfg.Dynamic[platform]
-	if d == nil || d.SudoCommands == "" {
-		return limits, nil
-	}
-	// The config's load refused the platform if its list did not parse, so an error cannot
-	// come here; were it to, the user gets no sudo rule rather than a guessed one.
-	sudo, err := config.ParseSudoCommands(d.SudoCommands)
-	if err != nil {
-		return limits, nil
-	}
-	return limits, sudo
 }

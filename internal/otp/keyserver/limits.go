@@ -56,7 +56,8 @@ type source struct {
 	inFlight int
 }
 
-// NewLimiter applies o; a field that is zero or negative takes its default.
+// NewLimiter applies o's per-source fields; one that is zero or negative takes its default.
+// Concurrency is not the limiter's: NewTurns takes it.
 func NewLimiter(o Limits) *Limiter {
 	d := DefaultLimits()
 	if o.SourceRate <= 0 {
@@ -70,9 +71,6 @@ func NewLimiter(o Limits) *Limiter {
 	}
 	if o.Sources <= 0 {
 		o.Sources = d.Sources
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = d.Concurrency
 	}
 	return &Limiter{o: o, now: time.Now, sources: map[string]*list.Element{}, lru: list.New()}
 }

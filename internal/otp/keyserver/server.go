@@ -216,6 +216,10 @@ func plain(w http.ResponseWriter, status int, text string) {
 	_, _ = io.WriteString(w, text)
 }
 
+// writeTimeout is how long the server has to answer a request once its headers are read:
+// past it the connection is cut and the client gets no answer at all.
+const writeTimeout = 30 * time.Second
+
 // Endpoint serves a Handler over HTTPS with the certificate a CertWatcher keeps current (a
 // renewed certificate is served from the next connection on). It runs on every replica: a
 // redemption needs no lease.
@@ -250,7 +254,7 @@ func (e *Endpoint) Start(ctx context.Context) error {
 		// A slow client can hold a connection only briefly: both bodies are tiny.
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		WriteTimeout:      writeTimeout,
 		IdleTimeout:       time.Minute,
 		MaxHeaderBytes:    16 << 10,
 	}

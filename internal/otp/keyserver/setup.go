@@ -107,10 +107,9 @@ func Serve(mgr manager.Manager, store *Store, o ServeOptions) error {
 		return err
 	}
 	store.Index = index
-	limits := NewLimiter(o.Limits)
 	redeemer := &Store{Client: own, Namespace: store.Namespace, TTL: store.TTL, Now: store.Now, Index: index,
-		Attempts: store.Attempts, Turns: NewTurns(limits.o.Concurrency, 0)}
-	h := &Handler{Store: redeemer, Limits: limits, Log: mgr.GetLogger().WithName("otp-server")}
+		Attempts: store.Attempts, Turns: NewTurns(o.Limits.Concurrency, 0)}
+	h := &Handler{Store: redeemer, Limits: NewLimiter(o.Limits), Log: mgr.GetLogger().WithName("otp-server")}
 	if len(allowed) > 0 {
 		h.StoreKey = ServiceAccounts{Client: own, Allowed: allowed}
 	}

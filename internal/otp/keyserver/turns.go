@@ -37,24 +37,28 @@ type line struct {
 	at        *list.Element
 }
 
-// DefaultTurnWait is how long a redemption waits for a slot before it is answered "try again".
-// A redemption takes a few milliseconds of the apiserver's time, so with every slot taken a
-// namespace's turn comes within a few slots' time; a wait of seconds means the apiserver itself
-// is slow, and a client told to come back is better served than one held open to the server's
-// write timeout.
-const DefaultTurnWait = 10 * time.Second
+// DefaultTurnWait is how long a redemption waits for a slot before it is answered "try again":
+// a third of the server's write timeout, leaving the rest for the redemption's own apiserver
+// requests (each bounded by the client's), so that the client hears an answer rather than a cut
+// connection. A redemption takes a few milliseconds of the apiserver's time, so with every slot
+// taken a namespace's turn comes within a few slots' time; a wait of seconds means the
+// apiserver itself is slow.
+const DefaultTurnWait = writeTimeout / 3
 
 // ErrCrowded: every slot stayed taken for as long as a redemption may wait; nothing was decided
 // about the token.
 var ErrCrowded = errors.New("the key server is serving as many redemptions as it may at once and this one waited too long for its turn; try again after the time Retry-After says")
 
-// NewTurns shares limit slots (at least one); a redemption waits at most wait for one
-// (DefaultTurnWait when zero or less).
+// NewTurns shares limit slots (Limits.Concurrency; its default when zero or less); a
+// redemption waits at most wait for one (DefaultTurnWait when zero or less).
 func NewTurns(limit int, wait time.Duration) *Turns {
+	if limit <= 0 {
+		limit = DefaultLimits().Concurrency
+	}
 	if wait <= 0 {
 		wait = DefaultTurnWait
 	}
-	return &Turns{limit: max(1, limit), wait: wait, lines: map[string]*line{}, order: list.New()}
+	return &Turns{limit: limit, wait: wait, lines: map[string]*line{}, order: list.New()}
 }
 
 // Take waits for a slot for a redemption of namespace's task and returns what gives it back.
