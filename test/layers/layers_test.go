@@ -53,7 +53,7 @@ var layers = []layer{
 	// The dev wing.
 	{name: "dev ground", units: []unit{
 		"internal/dev/testground/caasstandin/...", "internal/dev/testground/controlplane/...",
-		"internal/dev/testground/ec2fake/...", "internal/dev/testground/iamfake/...",
+		"internal/dev/testground/dashboards/...", "internal/dev/testground/ec2fake/...", "internal/dev/testground/iamfake/...",
 		"internal/dev/testground/managerrun/...", "internal/dev/testground/missing/...", "internal/dev/testground/powerfake/...",
 		"internal/dev/testground/rbac/...", "internal/dev/testground/realdata/...", "internal/dev/testground/realtekton/...",
 		"internal/dev/testground/repo/...", "internal/dev/testground/spacestandin/...",
