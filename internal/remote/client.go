@@ -50,11 +50,14 @@ func (e *UnreachableError) Error() string {
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
-// NeverReached tells whether err says a host was never logged in to (unreachable, or its key
-// refused): then nothing can have happened on it.
+// NeverReached tells whether err says a host was never logged in to (unreachable, its host key
+// not the one known, or berth's login refused): then nothing can have happened on it. Every
+// command runs on a connection of its own (Dial), so a refused login means no command of that
+// operation ran.
 func NeverReached(err error) bool {
 	var unreachable *UnreachableError
-	return errors.As(err, &unreachable) || IsHostKeyChanged(err)
+	var login *LoginError
+	return errors.As(err, &unreachable) || errors.As(err, &login) || IsHostKeyChanged(err)
 }
 
 // LoginError says a host answered but berth's login to it failed (its key refused, or no

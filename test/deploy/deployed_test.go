@@ -75,19 +75,25 @@ func berthBinary(t *testing.T) string {
 // controllerOf finds the Deployment in objs that runs `berth controller`, and that container.
 func controllerOf(t *testing.T, objs []*unstructured.Unstructured) (appsv1.Deployment, corev1.Container) {
 	t.Helper()
+	return runningBerth(t, objs, "controller")
+}
+
+// runningBerth finds the Deployment in objs that runs `berth <command>`, and that container.
+func runningBerth(t *testing.T, objs []*unstructured.Unstructured, command string) (appsv1.Deployment, corev1.Container) {
+	t.Helper()
 	var found []string
 	var d appsv1.Deployment
 	var c corev1.Container
 	for _, dep := range ofKind[appsv1.Deployment](t, objs, "Deployment") {
 		for _, ctr := range dep.Spec.Template.Spec.Containers {
-			if argv := append(slices.Clone(ctr.Command), ctr.Args...); len(argv) > 1 && argv[1] == "controller" {
+			if argv := append(slices.Clone(ctr.Command), ctr.Args...); len(argv) > 1 && argv[1] == command {
 				d, c = dep, ctr
 				found = append(found, dep.Name+"/"+ctr.Name)
 			}
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("want one container running `berth controller`, found %v", found)
+		t.Fatalf("want one container running `berth %s`, found %v", command, found)
 	}
 	return d, c
 }
@@ -326,6 +332,8 @@ type deployOptions struct {
 	// issuer, when set, plays cert-manager for the Secrets the pod mounts that do not exist yet
 	// (see mountedDirs).
 	issuer *tlscerts.CA
+	// command is the berth command whose Deployment runs: controller when empty.
+	command string
 }
 
 // deployedController is bin/berth running as the controller's container.
@@ -369,7 +377,11 @@ func (r *deployedController) checkRunning(t *testing.T) {
 func runAsDeployed(t *testing.T, cp *controlplane.ControlPlane, objs []*unstructured.Unstructured, o deployOptions) *deployedController {
 	t.Helper()
 	bin := berthBinary(t)
-	d, c := controllerOf(t, objs)
+	command := o.command
+	if command == "" {
+		command = "controller"
+	}
+	d, c := runningBerth(t, objs, command)
 	pod := d.Spec.Template.Spec
 	svc := servicesOf(t, cp, objs, d, c, o.routing)
 	run := &deployedController{svc: svc, mounts: mountedDirs(t, cp, objs, d, c, o.issuer, svc), exited: make(chan struct{})}
@@ -415,13 +427,25 @@ func runAsDeployed(t *testing.T, cp *controlplane.ControlPlane, objs []*unstruct
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, log, log
 	// A test binary killed mid-run takes the controller with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	started := make(chan error, 1)
 	go func() {
+		// Pdeathsig fires when the thread that started the child exits, not the process, and a
+		// thread ends with any goroutine that locked it and returned (the SSH hosts' and VMs'
+		// network namespaces do): once the test's goroutine has left the thread it started the
+		// process on, that kills the process. This goroutine holds its thread until the child
+		// is gone.
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		run.err = cmd.Wait()
 		close(run.exited)
 	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
 	grace := 30 * time.Second
 	if s := pod.TerminationGracePeriodSeconds; s != nil {
 		grace = time.Duration(*s) * time.Second

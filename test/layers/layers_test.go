@@ -55,7 +55,7 @@ var layers = []layer{
 		"internal/dev/testground/caasstandin/...", "internal/dev/testground/controlplane/...",
 		"internal/dev/testground/dashboards/...", "internal/dev/testground/ec2fake/...", "internal/dev/testground/iamfake/...",
 		"internal/dev/testground/managerrun/...", "internal/dev/testground/missing/...", "internal/dev/testground/powerfake/...",
-		"internal/dev/testground/rbac/...", "internal/dev/testground/realdata/...", "internal/dev/testground/realtekton/...",
+		"internal/dev/testground/rbac/...", "internal/dev/testground/realdata/...", "internal/dev/testground/realprometheus/...", "internal/dev/testground/realtekton/...",
 		"internal/dev/testground/repo/...", "internal/dev/testground/spacestandin/...",
 		"internal/dev/testground/sshfake/...", "internal/dev/testground/sshhosts/...",
 		"internal/dev/testground/tektonstandin/...", "internal/dev/testground/tlscerts/...",

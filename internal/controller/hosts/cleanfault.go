@@ -45,11 +45,10 @@ func (f cleanFault) String() string {
 // judgeClean tells whose fault a failed clean is, and what the user left when it is the user's.
 func judgeClean(err error) (cleanFault, *hostops.LeftoverError) {
 	var left *hostops.LeftoverError
-	var login *remote.LoginError
 	switch {
 	case errors.As(err, &left):
 		return faultUser, left
-	case remote.NeverReached(err), errors.As(err, &login):
+	case remote.NeverReached(err):
 		return faultHost, nil
 	}
 	return faultUnclear, nil
