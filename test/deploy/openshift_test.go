@@ -180,18 +180,54 @@ func TestOpenShiftInstallWorksWithServiceCA(t *testing.T) {
 		})
 	})
 
-	serviceCA := serviceCAPool(t, cp, ns)
-	t.Run("the metrics' certificate is the service CA's", func(t *testing.T) {
+	t.Run("Prometheus checks the metrics' certificate against the CA service-ca writes", func(t *testing.T) {
+		// The ServiceMonitor of an overlay with config/prometheus too: its endpoint's CA, read
+		// where the Prometheus Operator reads it, and its server name.
+		var monitor *unstructured.Unstructured
+		for _, o := range renderOverlay(t, []string{defaultDir, prometheusDir}, []string{openshiftDir}) {
+			if o.GetKind() == "ServiceMonitor" {
+				monitor = o
+			}
+		}
+		if monitor == nil {
+			t.Fatal("config/prometheus with config/openshift has no ServiceMonitor")
+		}
+		endpoints, _, _ := unstructured.NestedSlice(monitor.Object, "spec", "endpoints")
+		if len(endpoints) != 1 {
+			t.Fatalf("the ServiceMonitor has %d endpoints, want one", len(endpoints))
+		}
+		e := endpoints[0].(map[string]any)
+		serverName, _, _ := unstructured.NestedString(e, "tlsConfig", "serverName")
+		var caPEM []byte
+		if name, ok, _ := unstructured.NestedString(e, "tlsConfig", "ca", "configMap", "name"); ok {
+			key, _, _ := unstructured.NestedString(e, "tlsConfig", "ca", "configMap", "key")
+			var cm corev1.ConfigMap
+			if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: monitor.GetNamespace(), Name: name}, &cm); err != nil {
+				t.Fatalf("the ServiceMonitor's CA, ConfigMap %s: %v", name, err)
+			}
+			caPEM = []byte(cm.Data[key])
+		} else if name, ok, _ := unstructured.NestedString(e, "tlsConfig", "ca", "secret", "name"); ok {
+			key, _, _ := unstructured.NestedString(e, "tlsConfig", "ca", "secret", "key")
+			var s corev1.Secret
+			if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: monitor.GetNamespace(), Name: name}, &s); err != nil {
+				t.Fatalf("the ServiceMonitor's CA, Secret %s: %v", name, err)
+			}
+			caPEM = s.Data[key]
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			t.Fatalf("the ServiceMonitor checks the metrics' certificate against %v, where service-ca wrote no CA", e["tlsConfig"])
+		}
 		svc := openshiftService(t, objs, "berth-controller-metrics")
 		host := svc.Name + "." + svc.Namespace + ".svc"
 		raw, err := run.svc.dial(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(int(svc.Spec.Ports[0].Port))))
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn := tls.Client(raw, &tls.Config{RootCAs: serviceCA, ServerName: host})
+		conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: serverName})
 		defer conn.Close()
 		if err := conn.HandshakeContext(ctx); err != nil {
-			t.Fatalf("connecting to %s as Prometheus does, trusting the ConfigMap's service CA: %v", host, err)
+			t.Fatalf("connecting to %s as Prometheus does, with the ServiceMonitor's CA and server name %s: %v", host, serverName, err)
 		}
 	})
 
@@ -494,20 +530,6 @@ func playServiceCA(t *testing.T, cp *controlplane.ControlPlane, ns string, ca *t
 	if issued == 0 || injected == 0 || bundles == 0 {
 		t.Fatal("the install asks service-ca for nothing of one of the three")
 	}
-}
-
-// serviceCAPool is the CA in the ConfigMap service-ca fills for berth's clients.
-func serviceCAPool(t *testing.T, cp *controlplane.ControlPlane, ns string) *x509.CertPool {
-	t.Helper()
-	var cm corev1.ConfigMap
-	if err := cp.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "berth-service-ca"}, &cm); err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM([]byte(cm.Data[serviceCAKey])) {
-		t.Fatalf("ConfigMap %s holds no CA under %s", cm.Name, serviceCAKey)
-	}
-	return pool
 }
 
 // openshiftService is the install's Service name.
