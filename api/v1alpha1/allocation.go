@@ -61,6 +61,10 @@ type Debt struct {
 	BuildUser string `json:"buildUser"`
 	// HoldsSlot is set when the debt keeps a slot of the host busy until the user is gone.
 	HoldsSlot bool `json:"holdsSlot,omitempty"`
+	// RetryAt is when the user's clean is tried again after it failed: no attempt starts before,
+	// whatever wakes the record, and a restarted berth keeps the wait. Unset for a debt not yet
+	// tried.
+	RetryAt *MicroTime `json:"retryAt,omitempty"`
 }
 
 // AllocationSpec is what the task asked for; it does not change.
@@ -106,7 +110,8 @@ type AllocationStatus struct {
 	SecretTampered bool `json:"secretTampered,omitempty"`
 	// Message is the last error, for people.
 	Message string `json:"message,omitempty"`
-	// CleanFailures counts failed clean attempts in a row; it spaces out retries.
+	// CleanFailures counts failed clean attempts in a row; it spaces out retries (each failed
+	// debt's RetryAt).
 	CleanFailures int `json:"cleanFailures,omitempty"`
 	// When the task got a slot, when its secret was handed over, and when it ended: to the
 	// microsecond, so that latencies measured from them are not whole seconds.

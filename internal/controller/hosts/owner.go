@@ -33,6 +33,9 @@ import (
 type Debts interface {
 	// ForgetHost drops every build user owed to a host that is gone.
 	ForgetHost(ctx context.Context, host string) error
+	// RetryCleans makes the cleans owed to a host due now, whatever their backoff: it passed
+	// its check after failing.
+	RetryCleans(ctx context.Context, host string) error
 }
 
 // Checker logs in to a static host and tells whether it can take builds.

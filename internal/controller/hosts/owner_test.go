@@ -21,6 +21,8 @@ type noDebts struct{}
 
 func (noDebts) ForgetHost(context.Context, string) error { return nil }
 
+func (noDebts) RetryCleans(context.Context, string) error { return nil }
+
 // restoredCapacity is an empty ledger, as after a start that found no records.
 func restoredCapacity() *capacity.Capacity {
 	c := capacity.New()

@@ -173,9 +173,13 @@ func (h *staticHosts) recordHealth(ctx context.Context, host *config.StaticHost,
 	case !healthy:
 		next.Quarantine(berthv1.QuarantineCheckFailed, reason, h.now())
 	case len(blocking) > 0 && bh.Status.Quarantined:
-		// Reachable again: its dirty slots are cleaned before it takes new builds.
+		// Reachable again: its dirty slots are cleaned before it takes new builds, now rather
+		// than when their backoff ends.
 		next.Quarantine(berthv1.QuarantineCleansPending,
 			fmt.Sprintf("reachable again; %d build user(s) still to be removed before it takes builds", len(blocking)), h.now())
+		if err := h.debts.RetryCleans(ctx, host.Name); err != nil {
+			logf.FromContext(ctx).Error(err, "retrying the cleans owed to a host reachable again", "host", host.Name)
+		}
 		for _, o := range owed {
 			h.capacity.Wake(o.task)
 		}
@@ -372,4 +376,8 @@ type forgetting struct {
 func (f forgetting) ForgetHost(ctx context.Context, host string) error {
 	f.cleans.forgetHost(host)
 	return f.debts.ForgetHost(ctx, host)
+}
+
+func (f forgetting) RetryCleans(ctx context.Context, host string) error {
+	return f.debts.RetryCleans(ctx, host)
 }

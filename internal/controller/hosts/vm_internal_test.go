@@ -120,6 +120,9 @@ func (d *forgottenHosts) ForgetHost(_ context.Context, host string) error {
 	return nil
 }
 
+// RetryCleans: VMs are never checked back into service with cleans owed.
+func (d *forgottenHosts) RetryCleans(context.Context, string) error { return nil }
+
 func (d *forgottenHosts) forgotten() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()

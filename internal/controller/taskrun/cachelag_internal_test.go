@@ -176,7 +176,9 @@ func copyInto(from, to client.Object) {
 // end.
 func TestACacheBehindBerthsOwnWritesNeverMakesItActTwice(t *testing.T) {
 	lag := newLagging()
-	h := &harness{t: t, api: newAPIServer(), events: &eventLog{}, cfg: hostsConfig(2, "h1"), faults: lag.funcs()}
+	clock := newTestClock()
+	h := &harness{t: t, api: newAPIServer(), events: &eventLog{}, cfg: hostsConfig(2, "h1"), faults: lag.funcs(),
+		tune: func(r *Reconciler) { r.now = clock.now }}
 	h.start()
 	h.prov.Rule = func(provisionfake.Kind, provision.Job) (provision.Outcome, bool) { return provision.Outcome{}, false }
 	end := func(kind provisionfake.Kind, user string, out provision.Outcome) {
@@ -216,6 +218,7 @@ func TestACacheBehindBerthsOwnWritesNeverMakesItActTwice(t *testing.T) {
 			end(provisionfake.Clean, served[n], provision.Outcome{Err: &remote.RemoteError{Host: "h1", Command: "removing user " + served[n],
 				ExitCode: 1, Stderr: "userdel: user is currently used by process 4242"}})
 			h.waiting(names[i+2])
+			clock.advance(maxCleanBackoff)
 			h.enqueue(n) // the backoff's requeue
 			h.settle()
 		}

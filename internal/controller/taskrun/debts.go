@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +31,16 @@ type debts struct {
 	// cleans judges each clean's outcome; nil judges none.
 	cleans   HostCleans
 	recorder events.EventRecorder
+	now      func() time.Time
+	// retryAt holds, per clean job (its ID), when this process last decided its failed clean is
+	// tried again (the RetryAt it saved, or now for a host reachable again), until the debt is
+	// settled. It goes before the record's RetryAt: a pass can hold an older copy of the record
+	// than the one a step before it in the same reconcile saved (a phase that pays, then
+	// reconcileUser's own pay), and that copy would let a failed clean start again at once. The
+	// record's RetryAt is what a restart goes by. One entry per failed debt the records hold,
+	// dropped as it is settled; retryHost, reading a cache that still shows a debt settled a
+	// moment before, can leave one more until the process ends.
+	retryAt sync.Map
 }
 
 // failedClean is one debt whose clean failed in a pass.
@@ -41,9 +52,21 @@ type failedClean struct {
 // pay removes owed build users, with backoff on failure, whatever the config says now:
 // the record holds the address and admin-key reference. A paid debt frees its slot; a record
 // with nothing owed and no running task goes.
+//
+// A failed clean is tried again only once its debt's RetryAt has come. Any event can bring the
+// record back before that (the echo of the failure's own write when it beats the write's
+// answer, an edit of the TaskRun or its secret, a wake-up, another step of the same pass), and
+// each such pass used to start the next attempt at once: a host that failed cleans was logged
+// in to many times a second while the Events said "retrying in 5m0s". One signal retries
+// early: a host that passes its check after failing (retryHost), which stays out of service
+// until the users owed to it are gone. A config change does not: the record pins the address
+// and admin-key reference, so it does not touch what the clean uses, and a fix on the host or
+// of its key takes effect within maxCleanBackoff anyway.
 func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Result, error) {
 	var paid []berthv1.Debt
 	var failures []failedClean
+	now := ds.now()
+	var wait time.Duration // until the soonest debt not yet due
 	for _, d := range rec.Status.Debts {
 		if gone, err := ds.strategies.vmGone(ctx, d.HostLogin); err != nil {
 			return reconcile.Result{}, err
@@ -52,6 +75,12 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 			continue
 		}
 		j := job(rec, d.HostLogin, d.BuildUser)
+		if left := ds.retryIn(j.ID, d, now); left > 0 {
+			if wait == 0 || left < wait {
+				wait = left
+			}
+			continue
+		}
 		out := ds.provisioner.Clean(ctx, j)
 		switch {
 		case !out.Done:
@@ -66,20 +95,31 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 		if len(rec.Status.Debts) == 0 && rec.Status.Phase == berthv1.PhaseCleaning {
 			return reconcile.Result{}, ds.records.drop(ctx, rec)
 		}
-		return reconcile.Result{}, nil
+		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	next := rec.DeepCopy()
 	var retry time.Duration
+	var retryAt time.Time
 	if len(failures) > 0 {
 		first := failures[0]
 		next.Status.CleanFailures++
 		next.Status.Message = fmt.Sprintf("removing build user %s from host %s failed: %v", first.debt.BuildUser, first.debt.Host, first.err)
 		retry = cleanBackoff(next.Status.CleanFailures)
+		retryAt = now.Add(retry)
+		for i := range next.Status.Debts {
+			d := &next.Status.Debts[i]
+			if slices.ContainsFunc(failures, func(f failedClean) bool { return sameDebt(f.debt, *d) }) {
+				d.RetryAt = microStamp(retryAt)
+			}
+		}
 	} else {
 		next.Status.CleanFailures = 0
 	}
 	if err := ds.settle(ctx, rec, next, paid); err != nil {
 		return reconcile.Result{}, err
+	}
+	for _, f := range failures {
+		ds.retryAt.Store(job(rec, f.debt.HostLogin, f.debt.BuildUser).ID, retryAt)
 	}
 	if len(failures) > 0 {
 		host := failures[0].debt.Host
@@ -95,15 +135,53 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 			ds.cleans.CleanFailed(ctx, rec, f.debt, f.err, next.Status.CleanFailures, retry)
 		}
 	}
+	if wait > 0 && (retry == 0 || wait < retry) {
+		retry = wait
+	}
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
+
+// retryIn is how long the failed clean of debt d (job id) still waits, 0 once it is due: what
+// this process decided for it last, else (after a restart) the record's RetryAt.
+func (ds *debts) retryIn(id string, d berthv1.Debt, now time.Time) time.Duration {
+	var at time.Time
+	if decided, ok := ds.retryAt.Load(id); ok {
+		at = decided.(time.Time)
+	} else if d.RetryAt != nil {
+		at = d.RetryAt.Time
+	}
+	return max(at.Sub(now), 0)
+}
+
+// retryHost makes the cleans owed to host due now, whatever their backoff: the host passed its
+// check after failing, so they will likely pass, and it takes no builds until they did. Its
+// caller wakes the records' tasks. Records are read from the cache: one it does not show yet
+// owes nothing that failed since this process started, which the map holds already.
+func (ds *debts) retryHost(ctx context.Context, host string) error {
+	var list berthv1.AllocationList
+	if err := ds.client.List(ctx, &list, client.InNamespace(ds.namespace)); err != nil {
+		return fmt.Errorf("listing the records owing host %s a clean: %w", host, err)
+	}
+	now := ds.now()
+	for i := range list.Items {
+		rec := &list.Items[i]
+		for _, d := range rec.Status.Debts {
+			if d.Host == host {
+				ds.retryAt.Store(job(rec, d.HostLogin, d.BuildUser).ID, now)
+			}
+		}
+	}
+	return nil
+}
+
+func sameDebt(a, b berthv1.Debt) bool { return a.BuildUser == b.BuildUser && a.Host == b.Host }
 
 // settle records that the debts in settled are no longer owed (paid, or forgotten): next,
 // rec's update, is written without them, or the record goes when its task has ended and it owes
 // nothing more. Then their jobs are forgotten and the slots they held freed.
 func (ds *debts) settle(ctx context.Context, rec, next *berthv1.Allocation, settled []berthv1.Debt) error {
 	next.Status.Debts = slices.DeleteFunc(next.Status.Debts, func(d berthv1.Debt) bool {
-		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return p.BuildUser == d.BuildUser && p.Host == d.Host })
+		return slices.ContainsFunc(settled, func(p berthv1.Debt) bool { return sameDebt(p, d) })
 	})
 	for _, d := range settled {
 		if d.HoldsSlot {
@@ -122,7 +200,9 @@ func (ds *debts) settle(ctx context.Context, rec, next *berthv1.Allocation, sett
 		return err
 	}
 	for _, d := range settled {
-		ds.provisioner.Forget(job(rec, d.HostLogin, d.BuildUser).ID)
+		id := job(rec, d.HostLogin, d.BuildUser).ID
+		ds.provisioner.Forget(id)
+		ds.retryAt.Delete(id)
 		if d.HoldsSlot {
 			ds.capacity.Release(debtTask(rec, d.BuildUser))
 		}
@@ -171,4 +251,10 @@ func cleanBackoff(failures int) time.Duration {
 // gone for good (forgotten by an operator, or a VM berth terminated).
 func (r *Reconciler) ForgetHost(ctx context.Context, host string) error {
 	return r.debts.forgetHost(ctx, host)
+}
+
+// RetryCleans makes the cleans owed to a host that is reachable again due now, whatever their
+// backoff (see debts.retryHost).
+func (r *Reconciler) RetryCleans(ctx context.Context, host string) error {
+	return r.debts.retryHost(ctx, host)
 }

@@ -464,7 +464,8 @@ func TestARestartedControllerKeepsADrainedHostOut(t *testing.T) {
 // on the record), their slots are free, and the host is left drained with nothing pending. The
 // user stays on the host: berth does not touch it again. Undraining hands the freed slot out.
 func TestForgettingAHostDropsItsDebtsAndLeavesItDrained(t *testing.T) {
-	h := newHostsHarness(t, hostsConfig(1, "h1", "h2"), nil)
+	clock := newTestClock()
+	h := newHostsHarness(t, hostsConfig(1, "h1", "h2"), func(r *Reconciler) { r.now = clock.now })
 	h.checkHosts()
 	first := h.create(userTaskRun("first", s390x))
 	second := h.create(userTaskRun("second", s390x))
@@ -503,6 +504,7 @@ func TestForgettingAHostDropsItsDebtsAndLeavesItDrained(t *testing.T) {
 	h.shows("h1", map[string]string{berthv1.HostDraining: "True/Drained", berthv1.HostReady: "False/Drained"})
 	h.waiting("waiter")
 
+	clock.advance(maxCleanBackoff)
 	h.enqueue("first") // the failed clean's backoff comes due
 	h.settle()
 	if n := h.cleansOf(user); n != cleans {
@@ -525,7 +527,11 @@ func TestForgettingAHostDropsItsDebtsAndLeavesItDrained(t *testing.T) {
 // the entry goes and the slot serves the next task.
 func TestLeftoversCostOnlyTheBuildUsersOwnSlot(t *testing.T) {
 	const threshold = 2
-	h := newHostsHarness(t, hostsConfig(2, "h1"), func(r *Reconciler) { r.Hosts.(*hosts.Owner).QuarantineAfterCleanFailures = threshold })
+	clock := newTestClock()
+	h := newHostsHarness(t, hostsConfig(2, "h1"), func(r *Reconciler) {
+		r.Hosts.(*hosts.Owner).QuarantineAfterCleanFailures = threshold
+		r.now = clock.now
+	})
 	dirty := h.create(userTaskRun("dirty", s390x))
 	h.settle()
 	user, _ := h.handedOver(dirty)
@@ -541,6 +547,7 @@ func TestLeftoversCostOnlyTheBuildUsersOwnSlot(t *testing.T) {
 	h.finish("dirty")
 	h.settle()
 	for range threshold + 1 {
+		clock.advance(maxCleanBackoff)
 		h.enqueue("dirty") // the backoff's requeue
 		h.settle()
 	}
@@ -579,7 +586,8 @@ func TestLeftoversCostOnlyTheBuildUsersOwnSlot(t *testing.T) {
 	h.waiting("third")
 
 	h.prov.Rule = nil // what was left can go now
-	h.enqueue("dirty")
+	clock.advance(maxCleanBackoff)
+	h.enqueue("dirty") // the backoff's requeue
 	h.settle()
 	if h.record(dirty) != nil || slices.Contains(h.prov.Users("h1"), user) {
 		t.Fatalf("%s was not removed once its clean could pass", user)
@@ -614,7 +622,11 @@ func TestCleansThatShowTheHostBrokenQuarantineIt(t *testing.T) {
 		}, []string{tenantNS, otherNS}, "cleans of build users of different namespaces (other, tenant) fail there"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHostsHarness(t, hostsConfig(3, "h1"), func(r *Reconciler) { r.Hosts.(*hosts.Owner).QuarantineAfterCleanFailures = threshold })
+			clock := newTestClock()
+			h := newHostsHarness(t, hostsConfig(3, "h1"), func(r *Reconciler) {
+				r.Hosts.(*hosts.Owner).QuarantineAfterCleanFailures = threshold
+				r.now = clock.now
+			})
 			var tasks []*pipelinev1.TaskRun
 			for i, ns := range tc.namespaces {
 				tr := userTaskRun(fmt.Sprintf("task-%d", i), s390x)
@@ -635,6 +647,7 @@ func TestCleansThatShowTheHostBrokenQuarantineIt(t *testing.T) {
 					if h.quarantined("h1") {
 						t.Fatalf("quarantined after %d failure(s) of %s's clean, threshold %d", failures, tr.Namespace, threshold)
 					}
+					clock.advance(maxCleanBackoff)
 					h.queue.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(tr)}) // the backoff's requeue
 					h.settle()
 				}

@@ -97,7 +97,8 @@ func gauges(t *testing.T, running, waiting float64) {
 // failure. The task gauges count the tasks holding and waiting for slots (a slot held for a
 // clean still owed is no task's) and have no series once the namespace has none.
 func TestKonfluxSeriesFollowTheTaskLifecycle(t *testing.T) {
-	h := newHarness(t, hostsConfig(1, "h1", "h2"), nil)
+	clock := newTestClock()
+	h := newHarness(t, hostsConfig(1, "h1", "h2"), func(r *Reconciler) { r.now = clock.now })
 	h.r.Capacity.Publish()
 	t.Cleanup(func() { capacity.New().Publish() })
 	failedOnce, cleanFails := false, false
@@ -138,6 +139,7 @@ func TestKonfluxSeriesFollowTheTaskLifecycle(t *testing.T) {
 
 	before = konfluxCounts(t)
 	cleanFails = false
+	clock.advance(maxCleanBackoff)
 	h.enqueue("first") // the clean's backoff
 	h.settle()
 	grew(t, before, map[string]float64{"provisioning_successes": 1, "wait_time": 1, "host_allocation_time": 1})

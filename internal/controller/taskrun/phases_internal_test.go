@@ -1204,7 +1204,8 @@ func TestWithOneTimeKeysTheSecretHoldsATokenForTheKey(t *testing.T) {
 // clean is retried after a backoff, and the slot stays the debt's: the waiting task gets it
 // only once the user is gone.
 func TestAFailedCleanHoldsTheSlotUntilItPasses(t *testing.T) {
-	h := newHarness(t, hostsConfig(1, "h1"), nil)
+	clock := newTestClock()
+	h := newHarness(t, hostsConfig(1, "h1"), func(r *Reconciler) { r.now = clock.now })
 	ended := h.create(userTaskRun("ended", s390x))
 	h.settle()
 	user, _ := h.handedOver(ended)
@@ -1233,6 +1234,7 @@ func TestAFailedCleanHoldsTheSlotUntilItPasses(t *testing.T) {
 	h.waiting("waiter")
 
 	h.prov.Rule = nil
+	clock.advance(time.Second)
 	h.enqueue("ended") // the backoff's requeue
 	h.settle()
 	if h.record(ended) != nil {

@@ -51,7 +51,7 @@ func (r *Reconciler) init() {
 	r.records = &recordStore{client: r.Client, namespace: r.Namespace}
 	r.strategies = strategies{config: r.Config, vms: r.Hosts}
 	r.debts = &debts{client: r.Client, namespace: r.Namespace, provisioner: r.Provisioner, capacity: r.Capacity,
-		strategies: r.strategies, records: r.records, cleans: r.Hosts, recorder: r.Recorder}
+		strategies: r.strategies, records: r.records, cleans: r.Hosts, recorder: r.Recorder, now: r.now}
 	r.keyring = &keyring{config: r.Config, newKey: r.NewKey, otp: r.OTP, secrets: r.secrets}
 	r.gate = gate{namespace: r.Namespace, config: r.Config, strategies: r.strategies}
 	if r.UpstreamNamespace == "" {
