@@ -21,6 +21,8 @@ import (
 	labelsk8s "k8s.io/apimachinery/pkg/labels"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/berth-ci/berth/internal/dev/testground/dashboards"
+
 	// The controller's packages register berth's metrics with controller-runtime's registry.
 	_ "github.com/berth-ci/berth/internal/controller"
 )
@@ -138,7 +140,7 @@ func TestAlertsWatchMetricsBerthExports(t *testing.T) {
 			seriesLabels := slices.Clone(targetLabels)
 			for _, s := range selectors(expr) {
 				name := metricName(s)
-				switch base, ok := exportedAs(exported, name); {
+				switch base, ok := dashboards.ExportedAs(exported, name); {
 				case name == "":
 					t.Errorf("selector %s names no single metric; it cannot be checked", s)
 				case name == "up":
@@ -222,88 +224,22 @@ func scrapeJob(t *testing.T, prom []*unstructured.Unstructured) string {
 	return selected[0].Name // the operator's job label, unless the monitor sets jobLabel
 }
 
-// exportedMetrics are the metrics the controller serves, with their label names: every
-// collector in controller-runtime's registry, by its descriptions, so that a vector with no
-// series yet (a VM never lost) counts as well.
+// exportedMetrics are the metrics controller-runtime's registry serves, with their label
+// names (dashboards.Registered).
 func exportedMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	all, ok := ctrlmetrics.Registry.(prometheus.Collector)
 	if !ok {
 		t.Fatalf("controller-runtime's registry (%T) cannot describe its metrics", ctrlmetrics.Registry)
 	}
-	descs := make(chan *prometheus.Desc)
-	go func() {
-		all.Describe(descs)
-		close(descs)
-	}()
-	// A Desc keeps its name and labels to itself; a sample series of each, gathered by a
-	// registry of its own, tells them.
-	var samples sampleCollector
-	for d := range descs {
-		if d.Err() != nil {
-			continue
-		}
-		var m prometheus.Metric
-		var err error
-		for n := 0; n <= 16; n++ {
-			values := slices.Repeat([]string{"x"}, n)
-			if m, err = prometheus.NewConstMetric(d, prometheus.UntypedValue, 0, values...); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("no sample of %s: %v", d, err)
-		}
-		samples = append(samples, m)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(samples)
-	families, err := reg.Gather()
+	out, err := dashboards.Registered(all)
 	if err != nil {
 		t.Fatal(err)
-	}
-	out := map[string][]string{}
-	for _, f := range families {
-		var names []string
-		for _, l := range f.GetMetric()[0].GetLabel() {
-			names = append(names, l.GetName())
-		}
-		out[f.GetName()] = names
 	}
 	if _, ok := out["berth_config_valid"]; !ok {
 		t.Fatalf("berth_config_valid is not among the %d metrics registered: are berth's controller packages imported?", len(out))
 	}
 	return out
-}
-
-type sampleCollector []prometheus.Metric
-
-func (s sampleCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, m := range s {
-		ch <- m.Desc()
-	}
-}
-
-func (s sampleCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, m := range s {
-		ch <- m
-	}
-}
-
-// exportedAs maps a selected series name to the metric that exports it: itself, or the
-// histogram or summary whose _bucket, _sum or _count it is.
-func exportedAs(exported map[string][]string, name string) (string, bool) {
-	if _, ok := exported[name]; ok {
-		return name, true
-	}
-	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok {
-			if _, ok := exported[base]; ok {
-				return base, true
-			}
-		}
-	}
-	return "", false
 }
 
 // selectors are the series selectors of an expression, those in range vectors included.

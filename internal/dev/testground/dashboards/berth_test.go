@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,7 +94,7 @@ func TestBerthDashboardReadsWhatBerthExports(t *testing.T) {
 			out := slices.Clone(targetLabels)
 			parser.Inspect(n, func(n parser.Node, _ []parser.Node) error {
 				if s, ok := n.(*parser.VectorSelector); ok {
-					base, ok := exportedAs(exported, s.Name)
+					base, ok := ExportedAs(exported, s.Name)
 					if ok {
 						out = append(out, exported[base]...)
 					}
@@ -110,7 +109,7 @@ func TestBerthDashboardReadsWhatBerthExports(t *testing.T) {
 		parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
 			switch n := n.(type) {
 			case *parser.VectorSelector:
-				base, ok := exportedAs(exported, n.Name)
+				base, ok := ExportedAs(exported, n.Name)
 				if !ok {
 					t.Errorf("panel %q reads %q, which berth does not export", q.Panel, n.Name)
 					return nil
@@ -190,85 +189,19 @@ func TestBerthDashboardAsksTheChosenDataSource(t *testing.T) {
 }
 
 // exportedMetrics are the metrics controller-runtime's registry serves, with their label
-// names, by their descriptions: a vector with no series yet (no VM ever lost) counts too. A
-// Desc keeps its name and labels to itself, so a sample series of each is gathered by a
-// registry of its own to tell them (as test/deploy's alert check does).
+// names (Registered).
 func exportedMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	all, ok := ctrlmetrics.Registry.(prometheus.Collector)
 	if !ok {
 		t.Fatalf("controller-runtime's registry (%T) cannot describe its metrics", ctrlmetrics.Registry)
 	}
-	descs := make(chan *prometheus.Desc)
-	go func() {
-		all.Describe(descs)
-		close(descs)
-	}()
-	var samples sampleCollector
-	for d := range descs {
-		if d.Err() != nil {
-			continue
-		}
-		var m prometheus.Metric
-		var err error
-		// A Desc does not tell how many variable labels it has: try up to 16, far more than
-		// any metric of the registry has (berth's have at most three).
-		for n := 0; n <= 16; n++ {
-			if m, err = prometheus.NewConstMetric(d, prometheus.UntypedValue, 0, slices.Repeat([]string{"x"}, n)...); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("no sample of %s: %v", d, err)
-		}
-		samples = append(samples, m)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(samples)
-	families, err := reg.Gather()
+	out, err := Registered(all)
 	if err != nil {
 		t.Fatal(err)
-	}
-	out := map[string][]string{}
-	for _, f := range families {
-		var names []string
-		for _, l := range f.GetMetric()[0].GetLabel() {
-			names = append(names, l.GetName())
-		}
-		out[f.GetName()] = names
 	}
 	if _, ok := out["berth_config_valid"]; !ok {
 		t.Fatalf("berth_config_valid is not among the %d metrics registered: are berth's controller packages imported?", len(out))
 	}
 	return out
-}
-
-type sampleCollector []prometheus.Metric
-
-func (s sampleCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, m := range s {
-		ch <- m.Desc()
-	}
-}
-
-func (s sampleCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, m := range s {
-		ch <- m
-	}
-}
-
-// exportedAs maps a selected series name to the metric that exports it: itself, or the
-// histogram whose _bucket, _sum or _count it is.
-func exportedAs(exported map[string][]string, name string) (string, bool) {
-	if _, ok := exported[name]; ok {
-		return name, true
-	}
-	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok {
-			if _, ok := exported[base]; ok {
-				return base, true
-			}
-		}
-	}
-	return "", false
 }
