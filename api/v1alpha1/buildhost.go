@@ -76,9 +76,13 @@ type InstanceStatus struct {
 	ReadyAt    *MicroTime `json:"readyAt,omitempty"`
 	// InstanceType is the instance type that served, when the platform lists fallbacks.
 	InstanceType string `json:"instanceType,omitempty"`
-	// Failures counts failed cloud calls in a row; it spaces out retries.
-	Failures int    `json:"failures,omitempty"`
-	Message  string `json:"message,omitempty"`
+	// Failures counts failed cloud calls in a row; it spaces out retries (RetryAt).
+	Failures int `json:"failures,omitempty"`
+	// RetryAt is when a launch or terminate the cloud failed is asked again: no call is made
+	// before, whatever wakes the record, and a restarted berth keeps the wait. Unset until a
+	// call fails, and again when the phase moves on.
+	RetryAt *MicroTime `json:"retryAt,omitempty"`
+	Message string     `json:"message,omitempty"`
 }
 
 // BuildHostStatus is what berth has seen of the host.

@@ -32,6 +32,8 @@ type Provider struct {
 	Types []string
 	// typeOf is the instance type each instance was launched as (with Types).
 	typeOf map[string]string
+	// calls counts the calls of each op, failed ones too.
+	calls map[string]int
 }
 
 // InstanceTypes is Types (see cloud.InstanceTyper).
@@ -49,7 +51,7 @@ func (p *Provider) MinimumLife(string) time.Duration { return p.MinLife }
 
 // New returns an empty fake whose instances run at address.
 func New(address string) *Provider {
-	return &Provider{instances: map[string]*cloud.Instance{}, byToken: map[string]string{}, Address: address, fail: map[string][]error{}, User: "root", typeOf: map[string]string{}}
+	return &Provider{instances: map[string]*cloud.Instance{}, byToken: map[string]string{}, Address: address, fail: map[string][]error{}, User: "root", typeOf: map[string]string{}, calls: map[string]int{}}
 }
 
 // FailNext makes the next call of op fail with err (queued: call it again for more).
@@ -59,7 +61,25 @@ func (p *Provider) FailNext(op string, err error) {
 	p.fail[op] = append(p.fail[op], err)
 }
 
+// Recover drops the failures still queued for op: its next calls pass.
+func (p *Provider) Recover(op string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.fail, op)
+}
+
+// Calls counts the calls of op ("launch", "get", ...) the fake answered, failed ones too: how
+// often berth asked the cloud.
+func (p *Provider) Calls(op string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls[op]
+}
+
+// injected is called by every op first: it counts the call and answers with a failure queued
+// by FailNext, if any.
 func (p *Provider) injected(op string) error {
+	p.calls[op]++
 	if q := p.fail[op]; len(q) > 0 {
 		p.fail[op] = q[1:]
 		return q[0]

@@ -46,18 +46,31 @@ func (v *vmLoop) startTerminating(ctx context.Context, rec *berthv1.BuildHost, w
 	if next.Status.Instance == nil {
 		next.Status.Instance = &berthv1.InstanceStatus{} // recorded; no status written yet
 	}
+	moved := next.Status.Instance.Phase != berthv1.InstanceTerminating
+	if moved {
+		// The terminate's failures are its own: what the launch failed says nothing of them.
+		next.Status.Instance.Failures, next.Status.Instance.RetryAt = 0, nil
+	}
 	next.Status.Instance.Phase = berthv1.InstanceTerminating
 	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
+	if moved {
+		v.retries.Delete(rec.Name)
+	}
 	return v.terminate(ctx, next)
 }
 
-// terminate ends the instance (already gone is done) and then drops the record.
+// terminate ends the instance (already gone is done) and then drops the record. A terminate
+// the cloud failed is asked again only at the record's RetryAt (see retryIn), whatever brings
+// the record back before.
 func (v *vmLoop) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconcile.Result, error) {
 	in, st := rec.Spec.Instance, rec.Status.Instance
 	v.capacity.RetireHost(rec.Name)
 	if st.ID != "" {
+		if left := v.retryIn(rec, berthv1.InstanceTerminating); left > 0 {
+			return reconcile.Result{RequeueAfter: left}, nil
+		}
 		p, err := v.providers.of(rec)
 		if err == nil {
 			err = p.Terminate(ctx, st.ID)
@@ -66,10 +79,10 @@ func (v *vmLoop) terminate(ctx context.Context, rec *berthv1.BuildHost) (reconci
 			next := rec.DeepCopy()
 			next.Status.Instance.Failures++
 			next.Status.Instance.Message = err.Error()
+			retry := v.failed(next, berthv1.InstanceTerminating, err)
 			if uerr := v.writeStatus(ctx, next); uerr != nil {
 				return reconcile.Result{}, uerr
 			}
-			retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(err))
 			v.warn(next, "TerminateFailed", "terminating instance %s failed: %v; retrying in %s", st.ID, err, retry)
 			return reconcile.Result{RequeueAfter: retry}, nil
 		}
@@ -97,6 +110,7 @@ func (v *vmLoop) deleteRecord(ctx context.Context, rec *berthv1.BuildHost) error
 	if client.IgnoreNotFound(err) != nil {
 		return err
 	}
+	v.forget(rec.Name)
 	v.kick()
 	return nil
 }

@@ -165,6 +165,7 @@ func (o *Owner) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	if err := o.Client.Get(ctx, req.NamespacedName, &rec); err != nil {
 		if client.IgnoreNotFound(err) == nil {
 			o.readyVMs.drop(req.Name)
+			o.vm.forget(req.Name)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}

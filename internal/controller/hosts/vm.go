@@ -3,11 +3,13 @@ package hosts
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,6 +44,20 @@ type vmLoop struct {
 	now          func() time.Time
 	// kick asks the planner for a pass soon.
 	kick func()
+	// retries holds, per VM record (by name), when this process last decided that the
+	// launch or terminate the cloud failed is asked again. The later of it and the record's
+	// RetryAt counts: a pass can read a copy of the record from before the failure's own
+	// write (the cache lags it, and an event queued meanwhile reads that copy), and the copy
+	// would let the call go at once. The record's RetryAt is what a restart goes by. One entry
+	// per VM whose last call failed, dropped when its phase moves on or its record goes.
+	retries sync.Map // string -> retryEntry
+}
+
+// retryEntry is a failed cloud call's next try, for the record of uid in phase.
+type retryEntry struct {
+	uid   types.UID
+	phase berthv1.InstancePhase
+	at    time.Time
 }
 
 // reconcile walks a VM's record (one with an instance section) through its phases.
@@ -80,6 +96,9 @@ func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.
 	if rec.Spec.Instance.Retire != "" {
 		return v.startTerminating(ctx, rec, rec.Spec.Instance.Retire)
 	}
+	if left := v.retryIn(rec, berthv1.InstanceLaunching); left > 0 {
+		return reconcile.Result{RequeueAfter: left}, nil
+	}
 	p, err := v.providers.of(rec)
 	if err != nil {
 		return v.launchFailed(ctx, rec, err)
@@ -102,11 +121,12 @@ func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.
 		next.Status.Instance.InstanceType = types[in.Fallback]
 	}
 	next.Status.Instance.LaunchedAt = v.stamp()
-	next.Status.Instance.Failures, next.Status.Instance.Message = 0, ""
+	next.Status.Instance.Failures, next.Status.Instance.RetryAt, next.Status.Instance.Message = 0, nil, ""
 	next.Status.Platform = in.Platform
 	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err // the next attempt gets the same instance by the token
 	}
+	v.retries.Delete(rec.Name)
 	v.trouble.clear(in.Platform)
 	launches.WithLabelValues(in.Platform, "launched").Inc()
 	v.event(next, corev1.EventTypeNormal, "Launched", "instance %s launched for platform %s", inst.ID, in.Platform)
@@ -136,7 +156,9 @@ func (v *vmLoop) fallBack(ctx context.Context, rec *berthv1.BuildHost, types []s
 
 // launchFailed retries what may pass (capacity, throttling, a network error) with backoff,
 // until the platform's allocation timeout; the record goes at once when the cloud refused for
-// good (bad settings or credentials). Waiting tasks learn either way (see Unservable).
+// good (bad settings or credentials). Waiting tasks learn either way (see Unservable). The
+// retry waits for the record's RetryAt (see retryIn): the failure's own status write brings
+// the record back at once, and so does any other event of it.
 func (v *vmLoop) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause error) (reconcile.Result, error) {
 	in := rec.Spec.Instance
 	// The tenants waiting on the platform learn only the kind of failure and ref; cause,
@@ -157,10 +179,10 @@ func (v *vmLoop) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause
 	next.Status.Instance.Phase = berthv1.InstanceLaunching // shown while the launch is retried
 	next.Status.Instance.Failures++
 	next.Status.Instance.Message = cause.Error()
+	retry := v.failed(next, berthv1.InstanceLaunching, cause)
 	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err
 	}
-	retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(cause))
 	v.warn(next, "LaunchRetry", "launching a VM for platform %s failed (%s: %s); retrying in %s", in.Platform, ref, cause, retry)
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
@@ -169,6 +191,39 @@ func (v *vmLoop) launchFailed(ctx context.Context, rec *berthv1.BuildHost, cause
 func backoff(failures int, asked time.Duration) time.Duration {
 	d := min(time.Second<<min(failures-1, 6), time.Minute)
 	return max(d, asked)
+}
+
+// failed sets next's RetryAt after the cloud failed its call of phase (next already counts
+// the failure) and returns the wait. This process keeps it too, before next is written: the
+// call was made whether or not the write lands (it conflicts when the spec was updated
+// meanwhile), and the error's retry must not ask the cloud again at once.
+func (v *vmLoop) failed(next *berthv1.BuildHost, phase berthv1.InstancePhase, cause error) time.Duration {
+	retry := backoff(next.Status.Instance.Failures, cloud.RetryAfterOf(cause))
+	at := v.now().Add(retry)
+	stamp := berthv1.NewMicroTime(at)
+	next.Status.Instance.RetryAt = &stamp
+	v.retries.Store(next.Name, retryEntry{uid: next.UID, phase: phase, at: at})
+	return retry
+}
+
+// retryIn is how long the failed cloud call of rec's phase still waits, 0 once it is due (or
+// none failed): the later of the record's RetryAt and what this process decided last.
+func (v *vmLoop) retryIn(rec *berthv1.BuildHost, phase berthv1.InstancePhase) time.Duration {
+	var at time.Time
+	if st := rec.Status.Instance; st != nil && st.RetryAt != nil {
+		at = st.RetryAt.Time
+	}
+	if e, ok := v.retries.Load(rec.Name); ok {
+		if e := e.(retryEntry); e.uid == rec.UID && e.phase == phase && e.at.After(at) {
+			at = e.at
+		}
+	}
+	return max(at.Sub(v.now()), 0)
+}
+
+// forget drops what this process kept of the record name, which is gone.
+func (v *vmLoop) forget(name string) {
+	v.retries.Delete(name)
 }
 
 // boot waits for the instance's address and for SSH, and pins the host key at first contact.

@@ -612,26 +612,28 @@ func TestALaunchWithoutCapacityIsRetriedUntilTheAllocationTimeout(t *testing.T) 
 		if c := readyCondition(t, rec); c.Status != metav1.ConditionFalse || c.Reason != string(berthv1.InstanceLaunching) || !strings.Contains(c.Message, "InsufficientInstanceCapacity") {
 			t.Errorf("failure %d: the Ready condition does not say why: %+v", i+1, c)
 		}
+		w.clock.advance(res.RequeueAfter) // the retry is due
 	}
 	if reason, _, recheck := o.Unservable(vmPlatform, time.Minute); reason != "" || recheck != allocationTimeout-time.Minute {
 		t.Errorf("a task that waited a minute is told %q, recheck %s; want nothing yet, recheck in %s", reason, recheck, allocationTimeout-time.Minute)
 	}
 
-	// Exactly at the timeout the launch is still tried; past it, it is given up.
-	w.clock.advance(allocationTimeout)
+	// Exactly at the timeout the launch is still tried; at its next retry, past it, it is
+	// given up.
+	w.clock.advance(w.record(name).CreationTimestamp.Add(allocationTimeout).Sub(w.clock.Now()))
 	w.cloud.FailNext("launch", shortage())
-	w.mustReconcile(o, name)
+	res := w.mustReconcile(o, name)
 	if w.record(name) == nil {
 		t.Fatal("the record went at the allocation timeout, not past it")
 	}
-	w.clock.advance(time.Second)
+	w.clock.advance(res.RequeueAfter)
 	w.cloud.FailNext("launch", shortage())
 	w.mustReconcile(o, name)
 	if rec := w.record(name); rec != nil {
 		t.Fatalf("the record stays past the allocation timeout: %+v", rec.Status.Instance)
 	}
-	if w.cloud.Launches() != 0 {
-		t.Errorf("%d launches", w.cloud.Launches())
+	if w.cloud.Launches() != 0 || w.cloud.Calls("launch") != 5 {
+		t.Errorf("%d launches of %d calls; want none of 5 (3 backed off, at the timeout, past it)", w.cloud.Launches(), w.cloud.Calls("launch"))
 	}
 	if reason, msg, _ := o.Unservable(vmPlatform, allocationTimeout+time.Second); reason != "NoCapacity" {
 		t.Errorf("a task that waited past the timeout is told %q: %s; want NoCapacity", reason, msg)
@@ -849,6 +851,7 @@ func TestAVMSomeoneStoppedIsTerminatedAndCountedLost(t *testing.T) {
 		t.Fatalf("a new task was given the stopped VM: %+v", g)
 	}
 
+	w.clock.advance(res.RequeueAfter)
 	w.mustReconcile(o, name)
 	w.terminated(o, name, "was stopped while it was ready")
 	if ev := w.events.on(name, "InstanceStopped"); len(ev) != 1 || !strings.Contains(ev[0].note, id) {
@@ -950,6 +953,7 @@ func TestACapacityErrorOnTheFirstTypeIsServedByTheFallbackType(t *testing.T) {
 		if rec2.Spec.Instance.Fallback != 0 || phaseOf(rec2) != berthv1.InstanceLaunching || res.RequeueAfter <= 0 || w2.cloud.Launches() != 0 {
 			t.Fatalf("with no capacity for either type: fallback %d, %+v, %+v; want a retry of the first type after a backoff", rec2.Spec.Instance.Fallback, rec2.Status.Instance, res)
 		}
+		w2.clock.advance(res.RequeueAfter)
 		w2.mustReconcile(o2, name2)
 		if rec2 = w2.record(name2); phaseOf(rec2) != berthv1.InstanceReady || rec2.Status.Instance.InstanceType != "mac2.metal" {
 			t.Fatalf("the retry: %+v; want the first type ready", rec2.Status.Instance)
