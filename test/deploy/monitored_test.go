@@ -40,14 +40,12 @@ import (
 	"github.com/berth-ci/berth/internal/contract"
 	"github.com/berth-ci/berth/internal/dev/testground/controlplane"
 	"github.com/berth-ci/berth/internal/dev/testground/dashboards"
-	"github.com/berth-ci/berth/internal/dev/testground/ec2fake"
 	"github.com/berth-ci/berth/internal/dev/testground/missing"
 	"github.com/berth-ci/berth/internal/dev/testground/realdata"
 	"github.com/berth-ci/berth/internal/dev/testground/realprometheus"
 	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 	"github.com/berth-ci/berth/internal/dev/testground/tlscerts"
-	"github.com/berth-ci/berth/internal/dev/testground/vmcloud"
 	"github.com/berth-ci/berth/internal/konfluxmetrics"
 )
 
@@ -94,11 +92,7 @@ func TestKonfluxLayoutIsMonitoredAsKonfluxMonitors(t *testing.T) {
 	// each (upstream's keys): an admin key, or the AWS account's key pair.
 	fleet := sshhosts.StartForTest(t, 2)
 	static, failing := fleet.Hosts[0], fleet.Hosts[1]
-	apiKey := randomHex(t, 16)
-	cloud := vmcloud.NewForTest(t, vmcloud.Options{Admin: fleet.AdminSigner, APIKey: apiKey, DefaultUser: "ec2-user"})
-	ec2Secret := randomHex(t, 20)
-	ec2 := ec2fake.NewForTest(t, ec2fake.Options{Machines: cloud, AccessKeyID: awsKeyID, SecretAccessKey: ec2Secret,
-		Region: awsRegion, KeyPairs: []string{awsKeyPair}, Images: []string{awsImage}})
+	_, ec2, ec2Secret := startEC2(t, fleet)
 	secrets := externalSecretNames(t, filepath.Join(real, "deploy", "mpc-production-stone-prd-rh01-external-secrets.yaml"))
 	const (
 		awsAccount   = "aws-account"

@@ -101,11 +101,7 @@ func serveOnEachStrategy(t *testing.T, cp *controlplane.ControlPlane, objs []*un
 
 	fleet := sshhosts.StartForTest(t, 1)
 	host := fleet.Hosts[0]
-	apiKey := randomHex(t, 16)
-	cloud := vmcloud.NewForTest(t, vmcloud.Options{Admin: fleet.AdminSigner, APIKey: apiKey, DefaultUser: "ec2-user"})
-	ec2Secret := randomHex(t, 20)
-	ec2 := ec2fake.NewForTest(t, ec2fake.Options{Machines: cloud, AccessKeyID: awsKeyID, SecretAccessKey: ec2Secret,
-		Region: awsRegion, KeyPairs: []string{awsKeyPair}, Images: []string{awsImage}})
+	cloud, ec2, ec2Secret := startEC2(t, fleet)
 	for name, data := range map[string]map[string][]byte{
 		adminKeySecret: {"id_rsa": fleet.AdminKeyPEM},
 		awsSecret:      {"access-key-id": []byte(awsKeyID), "secret-access-key": []byte(ec2Secret)},
@@ -222,6 +218,18 @@ func serveOnEachStrategy(t *testing.T, cp *controlplane.ControlPlane, objs []*un
 			t.Errorf("EC2 shows %s as %s, want terminated", vm.ID, inst.State)
 		}
 	})
+}
+
+// startEC2 starts the EC2 API stand-in of the test's account (awsKeyID, awsRegion, awsKeyPair,
+// awsImage) on a VM cloud whose machines are real sshd hosts that admit fleet's admin key as
+// ec2-user. It returns the cloud, the stand-in and the account's secret access key.
+func startEC2(t *testing.T, fleet *sshhosts.Fleet) (*vmcloud.Cloud, *ec2fake.Server, string) {
+	t.Helper()
+	cloud := vmcloud.NewForTest(t, vmcloud.Options{Admin: fleet.AdminSigner, APIKey: randomHex(t, 16), DefaultUser: "ec2-user"})
+	secret := randomHex(t, 20)
+	ec2 := ec2fake.NewForTest(t, ec2fake.Options{Machines: cloud, AccessKeyID: awsKeyID, SecretAccessKey: secret,
+		Region: awsRegion, KeyPairs: []string{awsKeyPair}, Images: []string{awsImage}})
+	return cloud, ec2, secret
 }
 
 // registerWebhooks does for the webhook configurations of objs what cert-manager's CA injector
