@@ -338,7 +338,7 @@ func BinaryDir() (string, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kubectl v%s, yq, Tekton and kwok from the Go module proxy, ~18 minutes cold; binaries already there are kept)",
+		return "", fmt.Errorf("%s missing in %s: run `make testbin` (builds kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kubectl v%s, yq, Tekton, kwok, Prometheus and promtool from the Go module proxy, ~32 minutes cold; binaries already there are kept)",
 			strings.Join(missing, ", "), dir, KubernetesVersion)
 	}
 	return dir, nil
