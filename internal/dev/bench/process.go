@@ -221,6 +221,10 @@ func (p *controllerProcess) usage() usage {
 	u.cpuSeconds, _ = controlplane.ProcessCPUSeconds(pid)
 	u = u.plus(p.spent)
 	u.peakAnonMiB, u.peakFileMiB = p.resident.anon/1024, p.resident.file/1024
+	// exec starts the kernel's high-water mark afresh, and the sampler may have seen the
+	// forked child before it: the peak is at least the highest resident set sampled, so that
+	// the split never adds up to more than the peak it splits.
+	u.peakRSSMiB = max(u.peakRSSMiB, p.resident.total/1024)
 	return u
 }
 
