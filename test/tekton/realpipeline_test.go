@@ -62,7 +62,8 @@ func TestRealPipelinesMatrixServesEachPlatform(t *testing.T) {
 	create(t, pr)
 	runs := taskRunsOf(t, pr, 3)
 
-	want := paramOf(pt.Params, appendPlatformParam).Value.StringVal
+	// As the file sets it, not as the test's copy of the pipeline task has it.
+	want := paramOf(fileTask(pipeline).Params, appendPlatformParam).Value.StringVal
 	for platform, tr := range runs {
 		if p := paramOf(tr.Spec.Params, appendPlatformParam); p == nil || p.Value.StringVal != want {
 			t.Errorf("%s (%s) has %s %v, want %q as the file sets it", tr.Name, platform, appendPlatformParam, p, want)
@@ -114,11 +115,11 @@ func realPipeline(t *testing.T) *pipelinev1.Pipeline {
 // over PLATFORM fed from the build-platforms array, and an IMAGE_APPEND_PLATFORM param.
 func buildImages(t *testing.T, pipeline *pipelinev1.Pipeline) pipelinev1.PipelineTask {
 	t.Helper()
-	i := slices.IndexFunc(pipeline.Spec.Tasks, func(pt pipelinev1.PipelineTask) bool { return pt.Name == buildImagesTask })
-	if i < 0 {
+	file := fileTask(pipeline)
+	if file == nil {
 		t.Fatalf("%s has no pipeline task %s: its shape changed, so must this test", realPipelineFile, buildImagesTask)
 	}
-	pt := *pipeline.Spec.Tasks[i].DeepCopy()
+	pt := *file.DeepCopy()
 	if pt.Matrix == nil {
 		t.Fatalf("%s's %s has no matrix: its shape changed, so must this test", realPipelineFile, buildImagesTask)
 	}
@@ -156,6 +157,14 @@ func buildImages(t *testing.T, pipeline *pipelinev1.Pipeline) pipelinev1.Pipelin
 	}
 	t.Logf("%s's %s: results of other tasks stood in for by literals: %s", realPipelineFile, buildImagesTask, strings.Join(standIns, ", "))
 	return pt
+}
+
+// fileTask is the pipeline's build-images task as the file has it, or nil.
+func fileTask(pipeline *pipelinev1.Pipeline) *pipelinev1.PipelineTask {
+	if i := slices.IndexFunc(pipeline.Spec.Tasks, func(pt pipelinev1.PipelineTask) bool { return pt.Name == buildImagesTask }); i >= 0 {
+		return &pipeline.Spec.Tasks[i]
+	}
+	return nil
 }
 
 // paramSpecsOf declares every param the pipeline task passes, so that Tekton's validation
