@@ -65,11 +65,11 @@ func TestRealPipelinesMatrixServesEachPlatform(t *testing.T) {
 	// As the file sets it, not as the test's copy of the pipeline task has it.
 	want := paramOf(fileTask(pipeline).Params, appendPlatformParam).Value.StringVal
 	for platform, tr := range runs {
-		if p := paramOf(tr.Spec.Params, appendPlatformParam); p == nil || p.Value.StringVal != want {
-			t.Errorf("%s (%s) has %s %v, want %q as the file sets it", tr.Name, platform, appendPlatformParam, p, want)
+		if got := stringParam(tr, appendPlatformParam); got != want {
+			t.Errorf("%s (%s) has %s %q, want %q as the file sets it", tr.Name, platform, appendPlatformParam, got, want)
 		}
-		if p := paramOf(tr.Spec.Params, "IMAGE"); p == nil || p.Value.StringVal != givenParams["output-image"] {
-			t.Errorf("%s (%s) has IMAGE %v, want the PipelineRun's output-image %q", tr.Name, platform, p, givenParams["output-image"])
+		if got := stringParam(tr, "IMAGE"); got != givenParams["output-image"] {
+			t.Errorf("%s (%s) has IMAGE %q, want the PipelineRun's output-image %q", tr.Name, platform, got, givenParams["output-image"])
 		}
 		for _, p := range pt.Params {
 			got := paramOf(tr.Spec.Params, p.Name)
@@ -213,6 +213,14 @@ func runParams(t *testing.T, pipeline *pipelinev1.Pipeline, platforms ...string)
 		params = append(params, pipelinev1.Param{Name: spec.Name, Value: *pipelinev1.NewStructuredValues(v)})
 	}
 	return params
+}
+
+// stringParam is the TaskRun's string param name, or "" if it has none.
+func stringParam(tr *pipelinev1.TaskRun, name string) string {
+	if p := paramOf(tr.Spec.Params, name); p != nil {
+		return p.Value.StringVal
+	}
+	return ""
 }
 
 func paramOf(params pipelinev1.Params, name string) *pipelinev1.Param {
