@@ -50,20 +50,7 @@ func namespace(t *testing.T) string {
 	if err := stack.Tekton.EnsureNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
-	optional := false
-	task := &pipelinev1.Task{
-		ObjectMeta: metav1.ObjectMeta{Name: "build", Namespace: ns},
-		Spec: pipelinev1.TaskSpec{
-			Params: []pipelinev1.ParamSpec{{Name: contract.PlatformParam, Type: pipelinev1.ParamTypeString}},
-			Volumes: []corev1.Volume{{Name: "ssh", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: contract.SecretPrefix + "$(context.taskRun.name)", Optional: &optional}}}},
-			Steps: []pipelinev1.Step{{
-				Name: "build", Image: stepImage,
-				Script:       `ssh -i /ssh/id_rsa "$(cat /ssh/host)" make`,
-				VolumeMounts: []corev1.VolumeMount{{Name: "ssh", MountPath: "/ssh", ReadOnly: true}},
-			}},
-		},
-	}
+	task := buildTask(ns, "build", pipelinev1.ParamSpec{Name: contract.PlatformParam, Type: pipelinev1.ParamTypeString})
 	if err := c().Create(context.Background(), task); err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +62,25 @@ func namespace(t *testing.T) string {
 		}
 	})
 	return ns
+}
+
+// buildTask is a Task of the params given whose step does what a remote build's step does:
+// it mounts the secret berth makes for its TaskRun and logs in to the host the secret names.
+func buildTask(ns, name string, params ...pipelinev1.ParamSpec) *pipelinev1.Task {
+	optional := false
+	return &pipelinev1.Task{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: pipelinev1.TaskSpec{
+			Params: params,
+			Volumes: []corev1.Volume{{Name: "ssh", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: contract.SecretPrefix + "$(context.taskRun.name)", Optional: &optional}}}},
+			Steps: []pipelinev1.Step{{
+				Name: "build", Image: stepImage,
+				Script:       `ssh -i /ssh/id_rsa "$(cat /ssh/host)" make`,
+				VolumeMounts: []corev1.VolumeMount{{Name: "ssh", MountPath: "/ssh", ReadOnly: true}},
+			}},
+		},
+	}
 }
 
 // pipelineRun is a PipelineRun of one pipeline task, "build", running the Task build once per

@@ -31,8 +31,16 @@ func TestMatrixPipelineRunServesEachPlatformItsWay(t *testing.T) {
 	ns := namespace(t)
 	pr := pipelineRun(ns, "multi-arch", 0, held(), staticPlatform, vmPlatform, localPlatform)
 	create(t, pr)
-	runs := taskRunsOf(t, pr, 3)
+	servedEachItsWay(t, ns, pr, taskRunsOf(t, pr, 3))
+}
 
+// servedEachItsWay checks that the PipelineRun's TaskRuns, one per platform of the suite, were
+// each served their own way: the static one on a static host, the VM one on a VM launched
+// through EC2 (both logging in as their build user), the local one with localhost on the arm64
+// node. Then it ends their steps and waits until the PipelineRun succeeded and berth left
+// nothing behind.
+func servedEachItsWay(t *testing.T, ns string, pr *pipelinev1.PipelineRun, runs map[string]*pipelinev1.TaskRun) {
+	t.Helper()
 	static := runs[staticPlatform]
 	rec := recordOf(t, static)
 	if !slices.ContainsFunc(stack.Fleet.Hosts, func(h *sshhosts.Host) bool { return h.Name == rec.Status.Login.Host }) {
