@@ -74,13 +74,7 @@ const (
 // MultiPlatformControllerMetricsUnhealthy never fires.
 func TestKonfluxLayoutIsMonitoredAsKonfluxMonitors(t *testing.T) {
 	needServeParts(t)
-	if _, _, err := realprometheus.Binaries(); err != nil {
-		missing.Skip(t, err)
-	}
-	real, err := realdata.Dir()
-	if err != nil {
-		t.Fatal(err)
-	}
+	real := needPrometheus(t)
 	ctx := context.Background()
 	ctrllog.SetLogger(logr.Discard())
 	cp := startControlPlane(t, controlplane.WithCRDObjects(prerequisiteCRDs(t)...))
@@ -496,15 +490,7 @@ func monitorAsKonflux(t *testing.T, cp *controlplane.ControlPlane, objs []*unstr
 	files := map[string][]byte{}
 	var ruleFiles []string
 	for _, name := range konfluxRuleFiles(t, real) {
-		data, err := os.ReadFile(filepath.Join(real, "o11y", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rules, err := realprometheus.RuleFile(data)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		files[name] = rules
+		files[name] = konfluxRules(t, real, name)
 		ruleFiles = append(ruleFiles, name)
 	}
 	central, err := yaml.Marshal(map[string]any{
@@ -932,14 +918,7 @@ func checkPlatformAlert(t *testing.T, prom *realprometheus.Server, real string, 
 		}},
 	}
 	dir := t.TempDir()
-	data, err := os.ReadFile(filepath.Join(real, "o11y", konfluxAlerts))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := realprometheus.RuleFile(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rules := konfluxRules(t, real, konfluxAlerts)
 	testFile, err := yaml.Marshal(test)
 	if err != nil {
 		t.Fatal(err)
@@ -1013,22 +992,9 @@ func cmpFloat(x, y float64) int {
 // Prometheus, under the name the tests load them by. Konflux's test of its availability
 // recording rules is commented out in its repository, so it has nothing to run.
 func TestKonfluxAlertsPassTheirOwnTests(t *testing.T) {
-	if _, _, err := realprometheus.Binaries(); err != nil {
-		missing.Skip(t, err)
-	}
-	real, err := realdata.Dir()
-	if err != nil {
-		t.Fatal(err)
-	}
+	real := needPrometheus(t)
 	dir := t.TempDir()
-	data, err := os.ReadFile(filepath.Join(real, "o11y", konfluxAlerts))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := realprometheus.RuleFile(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rules := konfluxRules(t, real, konfluxAlerts)
 	tests, err := os.ReadFile(filepath.Join(real, "o11y", "multi_platform_alerts_test.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -1046,4 +1012,33 @@ func TestKonfluxAlertsPassTheirOwnTests(t *testing.T) {
 		t.Fatalf("promtool ran no test:\n%s", out)
 	}
 	t.Log(out)
+}
+
+// needPrometheus skips the test (skipOutsideCI) where make testbin has not built Prometheus
+// and promtool, and returns the directory of ../shared/real.
+func needPrometheus(t *testing.T) string {
+	t.Helper()
+	if _, _, err := realprometheus.Binaries(); err != nil {
+		missing.Skip(t, err)
+	}
+	real, err := realdata.Dir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return real
+}
+
+// konfluxRules is the rule file Prometheus reads for the PrometheusRule o11y/<name> of
+// Konflux's.
+func konfluxRules(t *testing.T, real, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(real, "o11y", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := realprometheus.RuleFile(data)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return rules
 }
