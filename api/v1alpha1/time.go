@@ -41,3 +41,11 @@ func (t *MicroTime) UnmarshalJSON(b []byte) error {
 
 // DeepCopyInto copies t into out; a MicroTime holds no references.
 func (t *MicroTime) DeepCopyInto(out *MicroTime) { *out = *t }
+
+// Get is the time t holds, the zero time when t is nil (not set).
+func (t *MicroTime) Get() time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.Time
+}

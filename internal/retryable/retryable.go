@@ -1,5 +1,6 @@
 // Package retryable tells the apiserver's answers that may differ on the next try from those
-// that will not: berth's waits and writers try again only on the first.
+// that will not: berth's waits and writers try again only on the first. Retries keeps when a
+// failed call of berth's (a clean on a host, a cloud call) goes again.
 package retryable
 
 import (

@@ -56,7 +56,7 @@ func (v *vmLoop) startTerminating(ctx context.Context, rec *berthv1.BuildHost, w
 		return reconcile.Result{}, err
 	}
 	if moved {
-		v.retries.Delete(rec.Name)
+		v.retries.Forget(rec.Name)
 	}
 	return v.terminate(ctx, next)
 }

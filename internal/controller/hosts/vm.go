@@ -3,13 +3,11 @@ package hosts
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +20,7 @@ import (
 	"github.com/berth-ci/berth/internal/hostconfig"
 	"github.com/berth-ci/berth/internal/incident"
 	"github.com/berth-ci/berth/internal/konfluxmetrics"
+	"github.com/berth-ci/berth/internal/retryable"
 	"github.com/berth-ci/berth/internal/warning"
 )
 
@@ -44,20 +43,11 @@ type vmLoop struct {
 	now          func() time.Time
 	// kick asks the planner for a pass soon.
 	kick func()
-	// retries holds, per VM record (by name), when this process last decided that the
-	// launch or terminate the cloud failed is asked again. The later of it and the record's
-	// RetryAt counts: a pass can read a copy of the record from before the failure's own
-	// write (the cache lags it, and an event queued meanwhile reads that copy), and the copy
-	// would let the call go at once. The record's RetryAt is what a restart goes by. One entry
-	// per VM whose last call failed, dropped when its phase moves on or its record goes.
-	retries sync.Map // string -> retryEntry
-}
-
-// retryEntry is a failed cloud call's next try, for the record of uid in phase.
-type retryEntry struct {
-	uid   types.UID
-	phase berthv1.InstancePhase
-	at    time.Time
+	// retries holds, per VM record (by name, tagged with its UID and phase), when this
+	// process asks the cloud again after a failed launch or terminate; the record's RetryAt is
+	// what a restart goes by. One entry per VM whose last call failed, dropped when its phase
+	// moves on or its record goes.
+	retries retryable.Retries
 }
 
 // reconcile walks a VM's record (one with an instance section) through its phases.
@@ -126,7 +116,7 @@ func (v *vmLoop) launch(ctx context.Context, rec *berthv1.BuildHost) (reconcile.
 	if err := v.writeStatus(ctx, next); err != nil {
 		return reconcile.Result{}, err // the next attempt gets the same instance by the token
 	}
-	v.retries.Delete(rec.Name)
+	v.retries.Forget(rec.Name)
 	v.trouble.clear(in.Platform)
 	launches.WithLabelValues(in.Platform, "launched").Inc()
 	v.event(next, corev1.EventTypeNormal, "Launched", "instance %s launched for platform %s", inst.ID, in.Platform)
@@ -202,28 +192,29 @@ func (v *vmLoop) failed(next *berthv1.BuildHost, phase berthv1.InstancePhase, ca
 	at := v.now().Add(retry)
 	stamp := berthv1.NewMicroTime(at)
 	next.Status.Instance.RetryAt = &stamp
-	v.retries.Store(next.Name, retryEntry{uid: next.UID, phase: phase, at: at})
+	v.retries.Set(next.Name, retryTag(next, phase), at)
 	return retry
 }
 
 // retryIn is how long the failed cloud call of rec's phase still waits, 0 once it is due (or
-// none failed): the later of the record's RetryAt and what this process decided last.
+// none failed).
 func (v *vmLoop) retryIn(rec *berthv1.BuildHost, phase berthv1.InstancePhase) time.Duration {
-	var at time.Time
-	if st := rec.Status.Instance; st != nil && st.RetryAt != nil {
-		at = st.RetryAt.Time
+	var recorded time.Time
+	if st := rec.Status.Instance; st != nil {
+		recorded = st.RetryAt.Get()
 	}
-	if e, ok := v.retries.Load(rec.Name); ok {
-		if e := e.(retryEntry); e.uid == rec.UID && e.phase == phase && e.at.After(at) {
-			at = e.at
-		}
-	}
-	return max(at.Sub(v.now()), 0)
+	return v.retries.Wait(rec.Name, retryTag(rec, phase), recorded, v.now())
+}
+
+// retryTag tells a retry of rec's phase from one of an earlier record of its name or of
+// another phase.
+func retryTag(rec *berthv1.BuildHost, phase berthv1.InstancePhase) string {
+	return string(rec.UID) + "/" + string(phase)
 }
 
 // forget drops what this process kept of the record name, which is gone.
 func (v *vmLoop) forget(name string) {
-	v.retries.Delete(name)
+	v.retries.Forget(name)
 }
 
 // boot waits for the instance's address and for SSH, and pins the host key at first contact.

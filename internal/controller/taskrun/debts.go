@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +15,7 @@ import (
 	"github.com/berth-ci/berth/internal/controller/capacity"
 	"github.com/berth-ci/berth/internal/konfluxmetrics"
 	"github.com/berth-ci/berth/internal/provision"
+	"github.com/berth-ci/berth/internal/retryable"
 )
 
 // debts are the build users berth still owes a host a clean, held on the records (a user of a
@@ -32,15 +32,13 @@ type debts struct {
 	cleans   HostCleans
 	recorder events.EventRecorder
 	now      func() time.Time
-	// retryAt holds, per clean job (its ID), when this process last decided its failed clean is
-	// tried again (the RetryAt it saved, or now for a host reachable again), until the debt is
-	// settled. It goes before the record's RetryAt: a pass can hold an older copy of the record
-	// than the one a step before it in the same reconcile saved (a phase that pays, then
-	// reconcileUser's own pay), and that copy would let a failed clean start again at once. The
-	// record's RetryAt is what a restart goes by. One entry per failed debt the records hold,
-	// dropped as it is settled; retryHost, reading a cache that still shows a debt settled a
-	// moment before, can leave one more until the process ends.
-	retryAt sync.Map
+	// retries holds, per clean job (its ID), when this process tries its failed clean again
+	// (the RetryAt it saved, or now for a host reachable again), until the debt is settled:
+	// the step before reconcileUser's own pay in the same pass may have saved a newer record
+	// than the copy it holds. One entry per failed debt the records hold; retryHost, reading a
+	// cache that still shows a debt settled a moment before, can leave one more until the
+	// process ends.
+	retries retryable.Retries
 }
 
 // failedClean is one debt whose clean failed in a pass.
@@ -75,7 +73,7 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 			continue
 		}
 		j := job(rec, d.HostLogin, d.BuildUser)
-		if left := ds.retryIn(j.ID, d, now); left > 0 {
+		if left := ds.retries.Wait(j.ID, "", d.RetryAt.Get(), now); left > 0 {
 			if wait == 0 || left < wait {
 				wait = left
 			}
@@ -119,7 +117,7 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 		return reconcile.Result{}, err
 	}
 	for _, f := range failures {
-		ds.retryAt.Store(job(rec, f.debt.HostLogin, f.debt.BuildUser).ID, retryAt)
+		ds.retries.Set(job(rec, f.debt.HostLogin, f.debt.BuildUser).ID, "", retryAt)
 	}
 	if len(failures) > 0 {
 		host := failures[0].debt.Host
@@ -141,18 +139,6 @@ func (ds *debts) pay(ctx context.Context, rec *berthv1.Allocation) (reconcile.Re
 	return reconcile.Result{RequeueAfter: retry}, nil
 }
 
-// retryIn is how long the failed clean of debt d (job id) still waits, 0 once it is due: what
-// this process decided for it last, else (after a restart) the record's RetryAt.
-func (ds *debts) retryIn(id string, d berthv1.Debt, now time.Time) time.Duration {
-	var at time.Time
-	if decided, ok := ds.retryAt.Load(id); ok {
-		at = decided.(time.Time)
-	} else if d.RetryAt != nil {
-		at = d.RetryAt.Time
-	}
-	return max(at.Sub(now), 0)
-}
-
 // retryHost makes the cleans owed to host due now, whatever their backoff: the host passed its
 // check after failing, so they will likely pass, and it takes no builds until they did. Its
 // caller wakes the records' tasks. Records are read from the cache: one it does not show yet
@@ -167,7 +153,7 @@ func (ds *debts) retryHost(ctx context.Context, host string) error {
 		rec := &list.Items[i]
 		for _, d := range rec.Status.Debts {
 			if d.Host == host {
-				ds.retryAt.Store(job(rec, d.HostLogin, d.BuildUser).ID, now)
+				ds.retries.Set(job(rec, d.HostLogin, d.BuildUser).ID, "", now)
 			}
 		}
 	}
@@ -202,7 +188,7 @@ func (ds *debts) settle(ctx context.Context, rec, next *berthv1.Allocation, sett
 	for _, d := range settled {
 		id := job(rec, d.HostLogin, d.BuildUser).ID
 		ds.provisioner.Forget(id)
-		ds.retryAt.Delete(id)
+		ds.retries.Forget(id)
 		if d.HoldsSlot {
 			ds.capacity.Release(debtTask(rec, d.BuildUser))
 		}
