@@ -285,7 +285,7 @@ func TestKonfluxLayoutIsMonitoredAsKonfluxMonitors(t *testing.T) {
 		checkRulesLoaded(t, prom, real)
 	})
 	t.Run("konflux_up", func(t *testing.T) {
-		checkKonfluxUp(t, prom, real)
+		checkKonfluxUp(t, prom)
 	})
 	t.Run("MultiPlatformControllerPlatformUnhealthy", func(t *testing.T) {
 		checkPlatformAlert(t, prom, real, start, end, konfluxmetrics.Platform(monitoredFailing))
@@ -785,7 +785,7 @@ func ruleGroups(t *testing.T, path string) []ruleGroup {
 
 // checkKonfluxUp waits for Konflux's konflux_up recording rules' first evaluations (their
 // groups run once a minute) and checks each reports its Deployment up.
-func checkKonfluxUp(t *testing.T, prom *realprometheus.Server, real string) {
+func checkKonfluxUp(t *testing.T, prom *realprometheus.Server) {
 	t.Helper()
 	for _, service := range []string{"multi-platform-controller", "multi-platform-otp-server"} {
 		expr := fmt.Sprintf(`konflux_up{namespace=%q, check="replicas-available", service=%q}`, konfluxNamespace, service)
