@@ -5,7 +5,6 @@ package taskrun_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,23 +28,7 @@ func TestAFailingCleanIsRetriedNoFasterThanItsBackoff(t *testing.T) {
 	tr := create(t, userTaskRun(ns, "clean-fails", platform, ""))
 	rec := ready(t, tr)
 	host, user := hostOf(t, rec.Status.Login), rec.Status.BuildUser
-	mount := "/tmp/berth-test-" + user
-	uid, err := host.Run(ctx, "id -u "+user)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := host.Run(ctx, fmt.Sprintf("mkdir %s && mount -t tmpfs -o uid=%s tmpfs %s", mount, strings.TrimSpace(uid), mount)); err != nil {
-		t.Fatal(err)
-	}
-	unmounted := false
-	unmount := func() {
-		if !unmounted {
-			unmounted = true
-			if _, err := host.Run(ctx, "umount "+mount+"; rmdir "+mount+" 2>/dev/null || [ ! -e "+mount+" ]"); err != nil {
-				t.Errorf("removing the leftover: %v", err)
-			}
-		}
-	}
+	_, unmount := leaveAMount(t, host, user)
 	defer unmount()
 	finish(t, tr)
 

@@ -15,6 +15,7 @@ import (
 	berthv1 "github.com/berth-ci/berth/api/v1alpha1"
 	"github.com/berth-ci/berth/internal/controller/taskrun"
 	"github.com/berth-ci/berth/internal/dev/devstack"
+	"github.com/berth-ci/berth/internal/dev/testground/sshhosts"
 	"github.com/berth-ci/berth/internal/dev/testground/stacktest"
 )
 
@@ -54,25 +55,7 @@ func TestABuildUsersLeftoversCostOnlyItsOwnSlot(t *testing.T) {
 		t.Fatalf("the task went to %s; only %s is not drained", rec.Status.Login.Host, host.Name)
 	}
 	user := rec.Status.BuildUser
-	mount := "/tmp/berth-test-" + user
-	uid, err := host.Run(ctx, "id -u "+user)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// What the clean script reports as a leftover: a path of the user's that will not go.
-	if _, err := host.Run(ctx, fmt.Sprintf("mkdir %s && mount -t tmpfs -o uid=%s tmpfs %s", mount, strings.TrimSpace(uid), mount)); err != nil {
-		t.Fatal(err)
-	}
-	unmounted := false
-	unmount := func() {
-		if !unmounted {
-			unmounted = true
-			// The clean's next retry may remove the emptied mount point first.
-			if _, err := host.Run(ctx, "umount "+mount+"; rmdir "+mount+" 2>/dev/null || [ ! -e "+mount+" ]"); err != nil {
-				t.Errorf("removing the leftover: %v", err)
-			}
-		}
-	}
+	mount, unmount := leaveAMount(t, host, user)
 	defer unmount()
 	finish(t, first)
 
@@ -131,5 +114,31 @@ func TestABuildUsersLeftoversCostOnlyItsOwnSlot(t *testing.T) {
 	settled(t, dirtyNS)
 	if bh := buildHostRecord(t, host.Name); bh.Status.Quarantined {
 		t.Fatalf("the host is quarantined: %s", bh.Status.QuarantineReason)
+	}
+}
+
+// leaveAMount leaves on host what the clean script reports as a leftover of user: a tmpfs the
+// user owns, mounted at a path of its own, which will not go. It returns the path and a func
+// that unmounts it (once; later calls do nothing).
+func leaveAMount(t *testing.T, host *sshhosts.Host, user string) (string, func()) {
+	t.Helper()
+	ctx := context.Background()
+	mount := "/tmp/berth-test-" + user
+	uid, err := host.Run(ctx, "id -u "+user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := host.Run(ctx, fmt.Sprintf("mkdir %s && mount -t tmpfs -o uid=%s tmpfs %s", mount, strings.TrimSpace(uid), mount)); err != nil {
+		t.Fatal(err)
+	}
+	unmounted := false
+	return mount, func() {
+		if !unmounted {
+			unmounted = true
+			// The clean's next retry may remove the emptied mount point first.
+			if _, err := host.Run(ctx, "umount "+mount+"; rmdir "+mount+" 2>/dev/null || [ ! -e "+mount+" ]"); err != nil {
+				t.Errorf("removing the leftover: %v", err)
+			}
+		}
 	}
 }
