@@ -106,12 +106,7 @@ func TestKonfluxLayoutIsMonitoredAsKonfluxMonitors(t *testing.T) {
 		// A key the host does not know: every provisioning there fails until it is fixed.
 		ppc64leSSHKy: {"id_rsa": strangerKey(t)},
 	}
-	for name, d := range data {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: d}
-		if err := cp.Client.Create(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createSecrets(t, cp, ns, data)
 	tekton := startTekton(t, cp)
 	ca, err := tlscerts.NewCA("deploy test's service-ca")
 	if err != nil {
@@ -119,19 +114,7 @@ func TestKonfluxLayoutIsMonitoredAsKonfluxMonitors(t *testing.T) {
 	}
 	// service-ca's CA bundle in the ConfigMaps that ask for it; the serving certificates are
 	// the issuer's, which also name 127.0.0.1, where the apiserver calls the webhook here.
-	var cms corev1.ConfigMapList
-	if err := cp.Client.List(ctx, &cms, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	for _, cm := range cms.Items {
-		if cm.Annotations[injectCABundle] == "true" {
-			patch := client.MergeFrom(cm.DeepCopy())
-			cm.Data = map[string]string{serviceCAKey: string(ca.PEM)}
-			if err := cp.Client.Patch(ctx, &cm, patch); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	injectCABundles(t, cp, ns, ca)
 	controller := runAsDeployed(t, cp, objs, deployOptions{routing: freePorts, issuer: ca})
 	registerWebhooks(t, cp, objs, ca, controller.svc)
 	keyServer := runAsDeployed(t, cp, objs, deployOptions{routing: freePorts, issuer: ca, command: "otp-server"})

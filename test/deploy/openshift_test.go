@@ -510,22 +510,7 @@ func playServiceCA(t *testing.T, cp *controlplane.ControlPlane, ns string, ca *t
 		}
 		injected++
 	}
-	var cms corev1.ConfigMapList
-	if err := cp.Client.List(ctx, &cms, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	bundles := 0
-	for _, cm := range cms.Items {
-		if cm.Annotations[injectCABundle] != "true" {
-			continue
-		}
-		patch := client.MergeFrom(cm.DeepCopy())
-		cm.Data = map[string]string{serviceCAKey: string(ca.PEM)}
-		if err := cp.Client.Patch(ctx, &cm, patch); err != nil {
-			t.Fatal(err)
-		}
-		bundles++
-	}
+	bundles := injectCABundles(t, cp, ns, ca)
 	t.Logf("as service-ca: %d serving certificates, %d webhook configurations, %d CA bundles", issued, injected, bundles)
 	if issued == 0 || injected == 0 || bundles == 0 {
 		t.Fatal("the install asks service-ca for nothing of one of the three")
@@ -556,4 +541,28 @@ func readRepoObject(t *testing.T, path string) *unstructured.Unstructured {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return &o
+}
+
+// injectCABundles writes the CA into the ConfigMaps of ns annotated for it, as service-ca's CA
+// bundle injector does, and returns how many.
+func injectCABundles(t *testing.T, cp *controlplane.ControlPlane, ns string, ca *tlscerts.CA) int {
+	t.Helper()
+	ctx := context.Background()
+	var cms corev1.ConfigMapList
+	if err := cp.Client.List(ctx, &cms, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	bundles := 0
+	for _, cm := range cms.Items {
+		if cm.Annotations[injectCABundle] != "true" {
+			continue
+		}
+		patch := client.MergeFrom(cm.DeepCopy())
+		cm.Data = map[string]string{serviceCAKey: string(ca.PEM)}
+		if err := cp.Client.Patch(ctx, &cm, patch); err != nil {
+			t.Fatal(err)
+		}
+		bundles++
+	}
+	return bundles
 }

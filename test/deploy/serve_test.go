@@ -102,15 +102,10 @@ func serveOnEachStrategy(t *testing.T, cp *controlplane.ControlPlane, objs []*un
 	fleet := sshhosts.StartForTest(t, 1)
 	host := fleet.Hosts[0]
 	cloud, ec2, ec2Secret := startEC2(t, fleet)
-	for name, data := range map[string]map[string][]byte{
+	createSecrets(t, cp, ns, map[string]map[string][]byte{
 		adminKeySecret: {"id_rsa": fleet.AdminKeyPEM},
 		awsSecret:      {"access-key-id": []byte(awsKeyID), "secret-access-key": []byte(ec2Secret)},
-	} {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}
-		if err := cp.Client.Create(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	tekton := startTekton(t, cp)
 
 	// What cert-manager would have issued into the Secrets the pod mounts, signed by a CA of
@@ -218,6 +213,17 @@ func serveOnEachStrategy(t *testing.T, cp *controlplane.ControlPlane, objs []*un
 			t.Errorf("EC2 shows %s as %s, want terminated", vm.ID, inst.State)
 		}
 	})
+}
+
+// createSecrets creates in ns a Secret of each name holding its data.
+func createSecrets(t *testing.T, cp *controlplane.ControlPlane, ns string, secrets map[string]map[string][]byte) {
+	t.Helper()
+	for name, data := range secrets {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}
+		if err := cp.Client.Create(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // startEC2 starts the EC2 API stand-in of the test's account (awsKeyID, awsRegion, awsKeyPair,
